@@ -1,0 +1,69 @@
+"""Every minicompile knob, in one place.
+
+Each knob has a default and an environment variable read at import time. Tests and
+users change knobs for a block of code with ``config.patch``::
+
+    with minicompile.config.patch(cpu_backend="triton"):
+        ...
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, fields
+
+
+def _env(name: str, default, kind=str):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "minicompile")
+
+
+@dataclass
+class Config:
+    # MINICOMPILE_DEBUG=0..5: the debug ladder documented in the README.
+    debug: int = _env("MINICOMPILE_DEBUG", 0, int)
+    # Where compiled kernels (and Triton's own cache) live.
+    cache_dir: str = _env("MINICOMPILE_CACHE_DIR", _default_cache_dir())
+    # The C++ compiler; falls back to $CXX, then g++, then c++.
+    cxx: str = _env("MINICOMPILE_CXX", os.environ.get("CXX", ""))
+    # Code generator for CPU tensors: "cpp" (default) or "triton" (runs under TRITON_INTERPRET=1).
+    cpu_backend: str = _env("MINICOMPILE_CPU_BACKEND", "cpp")
+    # Recompiles per code object in minicompile.compile before running eagerly.
+    recompile_limit: int = _env("MINICOMPILE_RECOMPILE_LIMIT", 8, int)
+    # A pointwise value read by more consumers than this is computed once into a buffer.
+    realize_reads_threshold: int = _env("MINICOMPILE_REALIZE_READS", 4, int)
+    # A pointwise value whose body has more ops than this is computed once into a buffer.
+    realize_opcount_threshold: int = _env("MINICOMPILE_REALIZE_OPS", 30, int)
+    # Turn the fusion scheduler off (one kernel per realized buffer), for debugging.
+    fusion: bool = _env("MINICOMPILE_FUSION", True, bool)
+    # Smallest loop (in elements) worth running on several OpenMP threads.
+    parallel_threshold: int = _env("MINICOMPILE_PARALLEL_THRESHOLD", 32768, int)
+
+
+config = Config()
+
+
+@contextlib.contextmanager
+def patch(**changes):
+    """Set knobs for the duration of a ``with`` block, then restore them."""
+    names = {f.name for f in fields(Config)}
+    unknown = set(changes) - names
+    if unknown:
+        raise AttributeError(f"unknown minicompile config knob(s): {sorted(unknown)}; known: {sorted(names)}")
+    saved = {k: getattr(config, k) for k in changes}
+    for k, v in changes.items():
+        setattr(config, k, v)
+    try:
+        yield config
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)

@@ -1,0 +1,343 @@
+"""C++ code generation: every kernel of a graph in one translation unit.
+
+Each FusedKernel becomes an ``extern "C"`` function over raw pointers. Outer loops run on
+OpenMP threads; innermost loops are written so the compiler can vectorise them (unit
+stride, ``omp simd`` where iterations are independent). Loop bodies are rendered by running
+the IR's body functions against CppOps, which emits one typed temporary per value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minicompile.codegen.cpp_ops import CTYPE, CppRenderer, literal, template
+from minicompile.codegen.cpp_prelude import PRELUDE
+from minicompile.config import config
+from minicompile.ir.expr import Expr, Indirect
+from minicompile.ir.nodes import Reduction
+from minicompile.ir.ops import compute_dtype
+
+_R = CppRenderer()
+
+
+@dataclass
+class CV:
+    """A C++ value: an expression (usually a temporary's name) and its compute dtype."""
+    expr: str
+    dtype: torch.dtype
+
+    def __str__(self):
+        return self.expr
+
+
+@dataclass
+class CppOps:
+    """Emits C++ statements for a loop body into ``lines``; values are CV."""
+    buffers: dict                         # name -> Buffer
+    storage: dict                         # buffer name -> pointer name
+    locals: dict                          # buffer name -> (index Expr, CV) computed in-kernel
+    lines: list = field(default_factory=list)
+    counter: list = field(default_factory=lambda: [0])
+    cse: dict = field(default_factory=dict)
+
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
+        key = (expr, ctype_dtype)
+        if key in self.cse:
+            return self.cse[key]
+        name = f"tmp{self.counter[0]}"
+        self.counter[0] += 1
+        self.lines.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
+        value = CV(name, ctype_dtype)
+        self.cse[key] = value
+        return value
+
+    def load(self, name, index, dtype):
+        if name in self.locals:
+            where, value = self.locals[name]
+            assert where == index, f"local {name} read at {index}, written at {where}"
+            return value
+        ptr = self.storage.get(name, name)
+        raw = f"{ptr}[{_R.render(index)}]"
+        if dtype == torch.bfloat16:
+            raw = f"mc_bf16_to_f32({raw})"
+        elif dtype == torch.float16:
+            raw = f"static_cast<float>({raw})"
+        return self._tmp(compute_dtype(dtype), raw)
+
+    def constant(self, value, dtype):
+        return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
+
+    def index_expr(self, expr, dtype):
+        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({_R.render(expr)})")
+
+    def to_dtype(self, x, dtype):
+        if dtype == torch.bfloat16:
+            return self._tmp(torch.float32, f"mc_round_bf16(static_cast<float>({x}))")
+        if dtype == torch.float16:
+            return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))")
+        if x.dtype == dtype:
+            return x
+        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})")
+
+    def pointwise(self, op, *args, dtype):
+        operand = args[1].dtype if op == "where" else args[0].dtype
+        return self._tmp(compute_dtype(dtype), template(op, operand).format(*args))
+
+    def indirect(self, x, size):
+        v = self._tmp(torch.int64, f"{x} < 0 ? {x} + {size} : {x}")
+        return Expr.of(Indirect(v.expr, size))
+
+
+# -- reductions ---------------------------------------------------------------------------
+
+SIMD_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}
+
+
+def _acc_dtype(node) -> torch.dtype:
+    dt = compute_dtype(node.dtype)
+    if node.data.reduction_type in ("sum", "prod") and dt == torch.float32 and _numel(node.data.reduction_ranges) > 8192:
+        return torch.float64  # long float32 sums keep eager's accuracy only in double
+    if node.data.reduction_type in ("argmax", "argmin"):
+        return compute_dtype(node.data.src_dtype)
+    return dt
+
+
+def _init(kind, dtype):
+    if kind == "sum" or kind == "any":
+        return literal(0, dtype)
+    if kind in ("prod", "all"):
+        return literal(1, dtype)
+    big = float("inf") if dtype.is_floating_point else None
+    if kind in ("max", "argmax"):
+        return literal(-big, dtype) if big else f"std::numeric_limits<{CTYPE[dtype]}>::lowest()"
+    return literal(big, dtype) if big else f"std::numeric_limits<{CTYPE[dtype]}>::max()"
+
+
+def _combine(kind, acc, v):
+    return {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "max": f"mc_max({acc}, {v})",
+            "min": f"mc_min({acc}, {v})", "any": f"{acc} || {v}", "all": f"{acc} && {v}"}[kind]
+
+
+def _numel(ranges) -> int:
+    n = 1
+    for r in ranges:
+        n *= int(r)
+    return n
+
+
+class CppKernel:
+    """Renders one FusedKernel to a C++ function."""
+
+    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
+        self.k = kernel
+        self.buffers = buffers
+        self.storage = storage
+        self.sources = sources
+        self.counter = [0]
+
+    def args(self):
+        """(pointer name, dtype, written) for every buffer the kernel touches in memory."""
+        seen = {}
+        for n in self.k.nodes:
+            for r in self.k.reads(n):
+                if r.name in self.k.local:
+                    continue
+                ptr = self.storage.get(r.name, r.name)
+                seen.setdefault(ptr, [self.buffers[r.name].dtype, False])
+            if n.name not in self.k.local:
+                ptr = self.storage.get(n.name, n.name)
+                seen.setdefault(ptr, [n.dtype, True])[1] = True
+        return [(p, dt, w) for p, (dt, w) in seen.items()]
+
+    def render(self) -> str:
+        k = self.k
+        params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* {p}" for p, dt, w in self.args())
+        origins = []
+        for n in k.nodes:
+            origins += n.origins
+        lines = [f"// {k.name}: fuses FX nodes {', '.join(dict.fromkeys(origins))}"]
+        for o in dict.fromkeys(origins):
+            if o in self.sources:
+                lines.append(f"//   {o}: {self.sources[o]}")
+        lines.append(f'extern "C" void {k.name}({params})')
+        lines.append("{")
+        body = self._outer()
+        lines += ["    " + ln for ln in body]
+        lines.append("}")
+        return "\n".join(lines)
+
+    # -- loops ------------------------------------------------------------------------------
+    def _outer(self) -> list:
+        k = self.k
+        if k.outer_numel == 0:
+            return ["// empty output: nothing to compute"]
+        work = k.outer_numel * max(k.inner_numel, 1)
+        inner_parallel = (k.is_reduction and k.outer_numel == 1 and work >= config.parallel_threshold
+                          and all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min")
+                                  for n in k.nodes if isinstance(n.data, Reduction)))
+        body = self._point_body(inner_parallel)
+        dims = list(zip(k.outer_vars, k.outer_ranges))
+        if not dims:
+            return body
+        parallel = work >= config.parallel_threshold and not inner_parallel
+        simd_inner = not k.is_reduction
+        headers = []
+        for d, (v, size) in enumerate(dims):
+            hdr = []
+            if d == 0 and parallel:
+                collapse = 1
+                if size < 64 and len(dims) > 1:
+                    collapse = len(dims) - 1 if simd_inner else len(dims)
+                hdr.append("#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else ""))
+            elif d == len(dims) - 1 and simd_inner and not (parallel and d == 0):
+                hdr.append("#pragma omp simd")
+            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
+            headers.append(hdr)
+        return _nest(headers, body)
+
+    def _point_body(self, inner_parallel: bool) -> list:
+        """Statements for one outer point: the stages in order."""
+        k = self.k
+        lines, locals_ = [], {}
+        for stage in k.stages:
+            if stage.kind == "scalar":
+                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter)
+                for n in stage.nodes:
+                    index, _ = k.node_index(n)
+                    value = n.data.body(ops, index)
+                    self._store_or_keep(ops, n, value, locals_)
+            else:
+                lines += self._loop(stage, locals_, inner_parallel)
+        return lines
+
+    def _store_or_keep(self, ops, n, value, locals_):
+        where = self.k.store_index(n)
+        if n.name in self.k.local:
+            locals_[n.name] = (where, value)
+        else:
+            ptr = self.storage.get(n.name, n.name)
+            ops.lines.append(f"{ptr}[{_R.render(where)}] = {_store_cast(value, n.dtype)};")
+
+    def _loop(self, stage, locals_, inner_parallel) -> list:
+        k = self.k
+        reds = [n for n in stage.nodes if isinstance(n.data, Reduction)]
+        pre, post, accs = [], [], {}
+        for n in reds:
+            kind, dt = n.data.reduction_type, _acc_dtype(n)
+            acc = f"acc{self.counter[0]}"
+            self.counter[0] += 1
+            accs[n.name] = (acc, dt)
+            pre.append(f"{CTYPE[dt]} {acc} = {_init(kind, dt)};")
+            if kind in ("argmax", "argmin"):
+                pre.append(f"int64_t {acc}_idx = 0;")
+        inner_lines = []
+        loop_locals = dict(locals_)
+        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter)
+        for n in stage.nodes:
+            index, rindex = k.node_index(n)
+            if isinstance(n.data, Reduction):
+                v = n.data.body(ops, index, rindex)
+                acc, dt = accs[n.name]
+                acc = f"{acc}_part" if inner_parallel else acc
+                kind = n.data.reduction_type
+                v = f"static_cast<{CTYPE[dt]}>({v})"
+                if kind in ("argmax", "argmin"):
+                    flat = _R.render(_flat(k.inner_vars, k.inner_ranges))
+                    better = ">" if kind == "argmax" else "<"
+                    inner_lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
+                                       f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
+                else:
+                    inner_lines.append(f"{acc} = {_combine(kind, acc, v)};")
+            else:
+                value = n.data.body(ops, index)
+                self._store_or_keep(ops, n, value, loop_locals)
+        # after the loop: reduction results become per-row values (and stores)
+        for n in reds:
+            acc, dt = accs[n.name]
+            result = CV(f"{acc}_idx" if n.data.reduction_type in ("argmax", "argmin") else acc,
+                        torch.int64 if n.data.reduction_type in ("argmax", "argmin") else dt)
+            if dt != compute_dtype(n.dtype) and n.data.reduction_type not in ("argmax", "argmin"):
+                result = CV(f"static_cast<{CTYPE[compute_dtype(n.dtype)]}>({acc})", compute_dtype(n.dtype))
+            where = k.store_index(n)
+            if n.name in k.local:
+                locals_[n.name] = (where, result)
+            else:
+                ptr = self.storage.get(n.name, n.name)
+                post.append(f"{ptr}[{_R.render(where)}] = {_store_cast(result, n.dtype)};")
+        simd = bool(reds) and all(n.data.reduction_type in SIMD_CLAUSE for n in reds) or not reds
+        clause = " ".join(f"reduction({SIMD_CLAUSE[n.data.reduction_type]}:{accs[n.name][0]})" for n in reds
+                          if n.data.reduction_type in SIMD_CLAUSE)
+        if inner_parallel:
+            return pre + self._parallel_inner(reds, accs, inner_lines) + post
+        headers = []
+        dims = list(zip(k.inner_vars, k.inner_ranges))
+        for d, (v, size) in enumerate(dims):
+            hdr = [f"#pragma omp simd {clause}".rstrip()] if d == len(dims) - 1 and simd else []
+            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
+            headers.append(hdr)
+        return pre + _nest(headers, inner_lines) + post
+
+    def _parallel_inner(self, reds, accs, inner_lines) -> list:
+        """One row, many threads: per-thread partial results combined at the end."""
+        k = self.k
+        out = ["#pragma omp parallel", "{"]
+        for n in reds:
+            acc, dt = accs[n.name]
+            out.append(f"    {CTYPE[dt]} {acc}_part = {_init(n.data.reduction_type, dt)};")
+        flat_var = "rflat"
+        out.append("    #pragma omp for nowait")
+        out.append(f"    for (int64_t {flat_var} = 0; {flat_var} < {k.inner_numel}; ++{flat_var})")
+        out.append("    {")
+        rest = k.inner_numel
+        for v, size in zip(k.inner_vars, k.inner_ranges):
+            rest //= size
+            out.append(f"        const int64_t {v.name} = ({flat_var} / {rest}) % {size};")
+        out += ["        " + ln for ln in inner_lines]
+        out.append("    }")
+        out.append("    #pragma omp critical")
+        out.append("    {")
+        for n in reds:
+            acc, _ = accs[n.name]
+            out.append(f"        {acc} = {_combine(n.data.reduction_type, acc, acc + '_part')};")
+        out.append("    }")
+        out.append("}")
+        return out
+
+
+def _flat(variables, ranges) -> Expr:
+    flat, acc = Expr.of(0), 1
+    for v, s in reversed(list(zip(variables, ranges))):
+        flat = flat + Expr.of(v) * acc
+        acc *= s
+    return flat
+
+
+def _store_cast(value: CV, dtype: torch.dtype) -> str:
+    if dtype == torch.bfloat16:
+        return f"mc_f32_to_bf16(static_cast<float>({value}))"
+    if dtype == torch.float16:
+        return f"static_cast<_Float16>({value})"
+    if value.dtype == dtype:
+        return str(value)
+    return f"static_cast<{CTYPE[dtype]}>({value})"
+
+
+def _nest(headers: list, body: list) -> list:
+    """Nested loops: ``headers[d]`` holds loop d's pragma and for-line."""
+    out = []
+    for d, hdr in enumerate(headers):
+        out += ["    " * d + h for h in hdr] + ["    " * d + "{"]
+    out += ["    " * len(headers) + b for b in body]
+    for d in reversed(range(len(headers))):
+        out.append("    " * d + "}")
+    return out
+
+
+def generate_cpp(schedule, buffers: dict, storage: dict, sources: dict) -> str:
+    """The whole translation unit: prelude plus one function per kernel."""
+    parts = [PRELUDE.strip(), ""]
+    for kernel in schedule.kernels:
+        parts.append(CppKernel(kernel, buffers, storage, sources).render())
+        parts.append("")
+    return "\n".join(parts)

@@ -1,0 +1,84 @@
+"""C++ spellings of the loop IR's values: types, literals and one template per pointwise op."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minicompile.ir.expr import Renderer
+
+CTYPE = {
+    torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
+    torch.float16: "_Float16", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t",
+    torch.int32: "int32_t", torch.int64: "int64_t", torch.bool: "bool",
+}
+
+# (op) -> template; (op, "int") overrides for integer/bool operands.
+TEMPLATES = {
+    "abs": "std::abs({0})", "neg": "(-{0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})",
+    "log10": "std::log10({0})", "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "(1 / std::sqrt({0}))", "reciprocal": "(1 / {0})", "sin": "std::sin({0})",
+    "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
+    "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
+    "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
+    "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",
+    "sigmoid": "(1 / (1 + std::exp(-{0})))", "relu": "({0} < 0 ? 0 : {0})",
+    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})", "sign": "mc_sign({0})", "logical_not": "(!{0})",
+    "bitwise_not": "(~{0})", "isnan": "std::isnan({0})", "isinf": "std::isinf({0})",
+    "square": "({0} * {0})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "floordiv": "mc_floordiv_f({0}, {1})", "truncdiv": "std::trunc({0} / {1})",
+    "remainder": "mc_remainder_f({0}, {1})", "fmod": "std::fmod({0}, {1})",
+    "pow": "std::pow({0}, {1})", "maximum": "mc_max({0}, {1})", "minimum": "mc_min({0}, {1})",
+    "atan2": "std::atan2({0}, {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
+    "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
+    "logical_xor": "(static_cast<bool>({0}) != static_cast<bool>({1}))",
+    "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
+    "where": "({0} ? {1} : {2})",
+    ("abs", "int"): "({0} < 0 ? -{0} : {0})",
+    ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} / {1})",
+    ("remainder", "int"): "mc_remainder_i({0}, {1})", ("fmod", "int"): "({0} % {1})",
+    ("isnan", "int"): "false", ("isinf", "int"): "false",
+    ("bitwise_not", "bool"): "(!{0})", ("sign", "int"): "(({0} > 0) - ({0} < 0))",
+    ("maximum", "bool"): "({0} || {1})", ("minimum", "bool"): "({0} && {1})",
+    ("add", "bool"): "({0} || {1})", ("mul", "bool"): "({0} && {1})",
+}
+
+
+def template(op: str, operand_dtype: torch.dtype) -> str:
+    if operand_dtype == torch.bool and (op, "bool") in TEMPLATES:
+        return TEMPLATES[(op, "bool")]
+    if not operand_dtype.is_floating_point and (op, "int") in TEMPLATES:
+        return TEMPLATES[(op, "int")]
+    return TEMPLATES[op]
+
+
+def literal(value, dtype: torch.dtype) -> str:
+    ctype = CTYPE[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({v!r})"
+    v = int(value)
+    if dtype == torch.int64:
+        return f"INT64_C({v})" if v != -(2 ** 63) else "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{ctype}>({v})"
+
+
+class CppRenderer(Renderer):
+    def floordiv(self, a, d):
+        return f"(({a}) / {d})"
+
+    def mod(self, a, d):
+        return f"(({a}) % {d})"
+
+    def clamp(self, a, lo, hi):
+        return f"std::min<int64_t>(std::max<int64_t>({a}, {lo}), {hi})"

@@ -1,0 +1,47 @@
+"""The helpers every generated C++ translation unit starts with."""
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+
+// NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave.
+template <typename T> static inline T mc_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T mc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+
+// bfloat16 is stored as its 16 high bits; computed in float32, rounded to nearest even.
+static inline float mc_bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t mc_f32_to_bf16(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    if (f != f) return (uint16_t)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float mc_round_bf16(float f) { return mc_bf16_to_f32(mc_f32_to_bf16(f)); }
+static inline float mc_round_f16(float f) { return (float)(_Float16)f; }
+
+// Python's floor division and remainder (the sign follows the divisor).
+template <typename T> static inline T mc_floordiv_i(T a, T b) {
+    T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> static inline T mc_remainder_i(T a, T b) {
+    T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> static inline T mc_floordiv_f(T a, T b) {
+    if (b == 0) return a / b;
+    T m = std::fmod(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d == 0) return std::copysign(T(0), a / b);
+    T f = std::floor(d); if (d - f > T(0.5)) f += 1; return f;
+}
+template <typename T> static inline T mc_remainder_f(T a, T b) {
+    T m = std::fmod(a, b);
+    if (m != 0 && ((b < 0) != (m < 0))) m += b;
+    return m;
+}
+template <typename T> static inline T mc_sign(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+"""

@@ -1,0 +1,145 @@
+"""The host wrapper: Python that allocates buffers, calls kernels and externs, returns outputs.
+
+The generated module defines ``make(lib, externs, constants) -> call`` where ``call(args)``
+runs the graph. It imports only torch (the runtime hands it the kernel library), allocates
+outputs with eager's strides, and hands a dead intermediate's memory to the next buffer of
+the same size and dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
+from minicompile.scheduler.fusion import buffer_reads
+from minicompile.scheduler.kernel import FusedKernel
+
+
+class WrapperCode:
+    def __init__(self, lw, schedule, storage: dict, kernel_args: dict):
+        self.lw = lw
+        self.schedule = schedule
+        self.storage = storage
+        self.kernel_args = kernel_args  # kernel name -> [pointer names]
+        self.externs = []               # ops and odd constants the wrapper refers to
+        self.lines = []
+
+    def _ref(self, obj) -> str:
+        self.externs.append(obj)
+        return f"externs[{len(self.externs) - 1}]"
+
+    def value(self, a) -> str:
+        if isinstance(a, StorageView):
+            return self.view(a)
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.value(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
+            return repr(a)
+        if isinstance(a, float):
+            return repr(a) if math.isfinite(a) else f"float('{a}')"
+        if isinstance(a, torch.dtype):
+            return str(a)
+        if isinstance(a, torch.device):
+            return f"torch.device({str(a)!r})"
+        if isinstance(a, (torch.layout, torch.memory_format)):
+            return str(a)
+        return self._ref(a)
+
+    def view(self, v: StorageView) -> str:
+        name = self.storage.get(v.buffer.name, v.buffer.name)
+        if v.is_whole():
+            return name
+        base = f"{name}.storage_offset() + {v.offset}" if not _owned(v.buffer) else str(v.offset)
+        return f"as_strided({name}, {tuple(v.size)}, {tuple(v.stride)}, {base})"
+
+    def generate(self) -> str:
+        lw, L = self.lw, self.lines
+        names = []
+        for kind, payload in lw.placeholders:
+            names.append(payload.name if kind == "tensor" else "_")
+        last_use = self._last_uses()
+        outputs = {o.buffer.name for o in lw.outputs if isinstance(o, StorageView)}
+        pool: dict = {}
+        for step_no, step in enumerate(self.schedule.steps):
+            if isinstance(step, FusedKernel):
+                for n in step.nodes:
+                    if n.name not in step.local and not n.mutates:
+                        L.append(self._alloc(n, pool, outputs))
+                ptrs = ", ".join(f"{p}.data_ptr()" for p in self.kernel_args[step.name])
+                L.append(f"{step.name}({ptrs})")
+            else:
+                b = step.buffer
+                if isinstance(b, ExternKernel):
+                    args = ", ".join([self.value(a) for a in b.args] +
+                                     [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
+                    L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
+                elif isinstance(b, MultiOutput):
+                    L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
+            for name in sorted(n for n, last in last_use.items() if last == step_no):
+                buf = self._buffer(name)
+                if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
+                    continue
+                if isinstance(buf, ComputedBuffer):
+                    pool.setdefault(_pool_key(buf), []).append(name)
+        ret = ", ".join(self.value(o) for o in lw.outputs)
+        head = [
+            "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
+            "import torch",
+            "",
+            "empty_strided = torch.empty_strided",
+            "as_strided = torch.as_strided",
+            "",
+            "",
+            "def make(lib, externs, constants):",
+        ]
+        head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
+        head += [f"    {c} = constants[{c!r}]" for c in lw.constants]
+        head += ["", "    def call(args):"]
+        if names:
+            head.append(f"        {', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        body = ["        " + ln for ln in L]
+        tail = [f"        return ({ret}{',' if len(lw.outputs) == 1 else ''})", "", "    return call", ""]
+        return "\n".join(head + body + tail)
+
+    def _buffer(self, name):
+        for b in self.lw.buffers:
+            if b.name == name:
+                return b
+        return None
+
+    def _alloc(self, n: ComputedBuffer, pool, outputs) -> str:
+        lay = n.layout
+        key = _pool_key(n)
+        if n.name not in outputs and pool.get(key):
+            old = pool[key].pop()
+            return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
+                f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
+        return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
+                f"device=torch.device({str(lay.device)!r}))")
+
+    def _last_uses(self) -> dict:
+        last = {}
+        for k, step in enumerate(self.schedule.steps):
+            if isinstance(step, FusedKernel):
+                for p in self.kernel_args[step.name]:
+                    last[p] = k
+            else:
+                b = step.buffer
+                last[b.name] = max(last.get(b.name, k), k)
+                for r in buffer_reads(b):
+                    last[r] = k
+        return last
+
+
+def _owned(buf) -> bool:
+    return isinstance(buf, ComputedBuffer) and not buf.mutates
+
+
+def _pool_key(b):
+    return (b.layout.dtype, str(b.layout.device), b.layout.storage_numel())
+
+
+def _same_layout(a, b) -> bool:
+    return a is not None and (a.layout.size, a.layout.stride) == (b.layout.size, b.layout.stride)

@@ -1,0 +1,310 @@
+"""Integer index expressions: the arithmetic of views, broadcasts and loops.
+
+An index expression is a linear combination of *atoms* with integer coefficients plus a
+constant. Atoms are loop variables, ``a // d``, ``a % d``, a clamp, or an index read from
+memory at run time. Expressions are immutable, hashable and simplified on construction,
+using the range of each loop variable: ``(x // 8) * 8 + x % 8`` folds back to ``x`` and
+``(64*i + j) // 64`` to ``i`` when ``j < 64``. That keeps fused kernels' indices linear
+(so C++ loops vectorize) without a symbolic algebra package.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+
+class Atom:
+    """A non-linear leaf of an index expression."""
+
+    def range(self) -> tuple[int, int]:  # inclusive bounds
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, order=True)
+class Var(Atom):
+    name: str
+    size: int  # the variable runs over 0 .. size-1
+
+    def range(self):
+        return (0, max(self.size - 1, 0))
+
+    def render(self, r: "Renderer") -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class FloorDiv(Atom):
+    arg: "Expr"
+    divisor: int
+
+    def range(self):
+        lo, hi = self.arg.range()
+        return (lo // self.divisor, hi // self.divisor)
+
+    def render(self, r):
+        return r.floordiv(r.render(self.arg), self.divisor)
+
+
+@dataclass(frozen=True)
+class Mod(Atom):
+    arg: "Expr"
+    divisor: int
+
+    def range(self):
+        return (0, self.divisor - 1)
+
+    def render(self, r):
+        return r.mod(r.render(self.arg), self.divisor)
+
+
+@dataclass(frozen=True)
+class Clamp(Atom):
+    """min(max(arg, lo), hi): keeps a load in bounds where a mask selects another value."""
+    arg: "Expr"
+    lo: int
+    hi: int
+
+    def range(self):
+        return (self.lo, self.hi)
+
+    def render(self, r):
+        return r.clamp(r.render(self.arg), self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Indirect(Atom):
+    """An index loaded from memory at run time (gather, embedding); already wrapped and checked."""
+    name: str
+    size: int
+
+    def range(self):
+        return (0, max(self.size - 1, 0))
+
+    def render(self, r):
+        return self.name
+
+
+def _atom_key(a: Atom):
+    return (type(a).__name__, repr(a))
+
+
+@dataclass(frozen=True)
+class Expr:
+    terms: tuple  # ((atom, coef), ...) sorted, no zero coefficients
+    const: int = 0
+
+    # -- construction -------------------------------------------------------------------
+    @staticmethod
+    def of(x: Union["Expr", Atom, int]) -> "Expr":
+        if isinstance(x, Expr):
+            return x
+        if isinstance(x, Atom):
+            return Expr(((x, 1),), 0)
+        return Expr((), int(x))
+
+    @staticmethod
+    def _make(coefs: dict, const: int) -> "Expr":
+        coefs, extra = _fold_div_mod_pairs(coefs)
+        const += extra
+        terms = tuple(sorted(((a, c) for a, c in coefs.items() if c != 0), key=lambda t: _atom_key(t[0])))
+        return Expr(terms, const)
+
+    def _coefs(self) -> dict:
+        return dict(self.terms)
+
+    # -- arithmetic ---------------------------------------------------------------------
+    def __add__(self, other) -> "Expr":
+        other = Expr.of(other)
+        coefs = self._coefs()
+        for a, c in other.terms:
+            coefs[a] = coefs.get(a, 0) + c
+        return Expr._make(coefs, self.const + other.const)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> "Expr":
+        return self * -1
+
+    def __sub__(self, other) -> "Expr":
+        return self + (-Expr.of(other))
+
+    def __rsub__(self, other) -> "Expr":
+        return Expr.of(other) - self
+
+    def __mul__(self, k) -> "Expr":
+        if isinstance(k, Expr):
+            if k.is_const:
+                k = k.const
+            elif self.is_const:
+                return k * self.const
+            else:
+                raise TypeError("index expressions are linear: cannot multiply two variables")
+        k = int(k)
+        return Expr._make({a: c * k for a, c in self.terms}, self.const * k)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, d: int) -> "Expr":
+        d = int(d)
+        if d == 1:
+            return self
+        assert d > 0, d
+        exact, rest = {}, {}
+        for a, c in self.terms:
+            (exact if c % d == 0 else rest)[a] = c // d if c % d == 0 else c
+        q = Expr._make(exact, self.const // d)
+        r = Expr._make(rest, self.const % d)
+        lo, hi = r.range()
+        if lo >= 0 and hi < d:
+            return q
+        if r.is_const:
+            return q + r.const // d
+        if len(r.terms) == 1 and r.const == 0 and isinstance(r.terms[0][0], FloorDiv) and r.terms[0][1] == 1:
+            inner = r.terms[0][0]
+            return q + Expr.of(FloorDiv(inner.arg, inner.divisor * d))
+        return q + Expr.of(FloorDiv(r, d))
+
+    def __mod__(self, d: int) -> "Expr":
+        d = int(d)
+        if d == 1:
+            return Expr.of(0)
+        rest = {a: c for a, c in self.terms if c % d != 0}
+        r = Expr._make(rest, self.const % d)
+        lo, hi = r.range()
+        if lo >= 0 and hi < d:
+            return r
+        if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod):
+            inner = r.terms[0][0]
+            if inner.divisor % d == 0:
+                return Expr.of(Mod(inner.arg, d))
+        return Expr.of(Mod(r, d))
+
+    def clamp(self, lo: int, hi: int) -> "Expr":
+        rlo, rhi = self.range()
+        if rlo >= lo and rhi <= hi:
+            return self
+        return Expr.of(Clamp(self, lo, hi))
+
+    # -- queries ------------------------------------------------------------------------
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def range(self) -> tuple[int, int]:
+        lo = hi = self.const
+        for a, c in self.terms:
+            alo, ahi = a.range()
+            lo += min(c * alo, c * ahi)
+            hi += max(c * alo, c * ahi)
+        return lo, hi
+
+    def coefficient(self, var: Var):
+        """The coefficient of ``var`` if it appears only linearly, else None."""
+        coef = 0
+        for a, c in self.terms:
+            if a == var:
+                coef = c
+            elif var in atoms_of(Expr.of(a)) and not isinstance(a, Var):
+                return None
+        return coef
+
+    def substitute(self, mapping: dict) -> "Expr":
+        """Replace variables by expressions (``mapping: Var -> Expr``) and re-simplify."""
+        out = Expr.of(self.const)
+        for a, c in self.terms:
+            out = out + _subst_atom(a, mapping) * c
+        return out
+
+    def __str__(self) -> str:
+        return PythonRenderer().render(self)
+
+    __repr__ = __str__
+
+
+def _subst_atom(a: Atom, mapping: dict) -> Expr:
+    if isinstance(a, Var):
+        return Expr.of(mapping.get(a, a))
+    if isinstance(a, FloorDiv):
+        return a.arg.substitute(mapping) // a.divisor
+    if isinstance(a, Mod):
+        return a.arg.substitute(mapping) % a.divisor
+    if isinstance(a, Clamp):
+        return a.arg.substitute(mapping).clamp(a.lo, a.hi)
+    return Expr.of(a)
+
+
+def atoms_of(e: Expr) -> set:
+    """Every Var and Indirect that ``e`` depends on, at any depth."""
+    out = set()
+    for a, _ in e.terms:
+        if isinstance(a, (Var, Indirect)):
+            out.add(a)
+        else:
+            out |= atoms_of(a.arg)
+    return out
+
+
+def _fold_div_mod_pairs(coefs: dict) -> tuple[dict, int]:
+    """k*d*(e // d) + k*(e % d) == k*e: undo the split a flattened loop index went through."""
+    const = 0
+    changed = True
+    while changed:
+        changed = False
+        for a, c in list(coefs.items()):
+            if not isinstance(a, Mod) or c == 0:
+                continue
+            partner = FloorDiv(a.arg, a.divisor)
+            if coefs.get(partner, 0) == c * a.divisor:
+                del coefs[a], coefs[partner]
+                for b, cb in a.arg.terms:
+                    coefs[b] = coefs.get(b, 0) + cb * c
+                const += a.arg.const * c
+                changed = True
+                break
+    return {a: c for a, c in coefs.items() if c != 0}, const
+
+
+class Renderer:
+    """Turns an Expr into source text; backends override the operator spellings."""
+
+    def render(self, e: Expr) -> str:
+        parts = []
+        for a, c in e.terms:
+            s = a.render(self)
+            if c == 1:
+                parts.append(s)
+            elif c == -1:
+                parts.append(f"-{s}")
+            else:
+                parts.append(f"{c}*{s}")
+        if e.const or not parts:
+            parts.append(str(e.const))
+        out = " + ".join(parts).replace("+ -", "- ")
+        return out
+
+    def floordiv(self, a: str, d: int) -> str:
+        return f"(({a}) // {d})"
+
+    def mod(self, a: str, d: int) -> str:
+        return f"(({a}) % {d})"
+
+    def clamp(self, a: str, lo: int, hi: int) -> str:
+        return f"min(max({a}, {lo}), {hi})"
+
+
+class PythonRenderer(Renderer):
+    pass
+
+
+def flat_index(index: list, strides) -> Expr:
+    out = Expr.of(0)
+    for i, s in zip(index, strides):
+        out = out + Expr.of(i) * s
+    return out
+
+
+def make_vars(prefix: str, sizes) -> list[Var]:
+    return [Var(f"{prefix}{k}", int(s)) for k, s in enumerate(sizes)]
+
+
+IndexFn = Callable[[list], list]

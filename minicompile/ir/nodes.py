@@ -1,0 +1,212 @@
+"""The loop IR: buffers that get memory, and the loop bodies that fill them.
+
+A loop body is a plain Python function over an ``ops`` handler (see ir/ops.py):
+``body(ops, index) -> value`` for a Pointwise, ``body(ops, index, rindex) -> value`` for a
+Reduction. The same body is printed, analysed (which buffers it reads, at which index)
+and rendered to C++ or Triton by swapping the handler.
+
+Lowering works on *values* (TensorValue): a lazy pointwise computation, a strided view of
+a buffer, or a re-indexed view of another value. Only buffers are materialised; a lazy
+value is inlined into whatever reads it, which is how pointwise chains fuse.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from minicompile.ir.expr import Expr, flat_index, make_vars
+
+
+def prod(xs) -> int:
+    return math.prod(int(x) for x in xs)
+
+
+def contiguous_strides(size) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a tensor's elements live in its buffer: eager's sizes, strides and offset."""
+    size: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "Layout":
+        return Layout(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()),
+                      int(t.storage_offset()), t.dtype, t.device)
+
+    def index(self, idx) -> Expr:
+        return flat_index(idx, self.stride) + self.offset
+
+    def storage_numel(self) -> int:
+        """Elements the buffer must hold for this layout (0 for an empty tensor)."""
+        if prod(self.size) == 0:
+            return 0
+        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+
+
+# -- buffers ------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Buffer:
+    name: str
+    layout: Layout
+    origins: list = field(default_factory=list)  # FX node names this buffer comes from
+
+    @property
+    def dtype(self):
+        return self.layout.dtype
+
+    @property
+    def device(self):
+        return self.layout.device
+
+
+@dataclass(eq=False)
+class InputBuffer(Buffer):
+    """A graph input (or a constant the graph captured); its memory belongs to the caller."""
+    position: int = 0
+
+
+@dataclass(eq=False)
+class Pointwise:
+    ranges: tuple
+    body: Callable  # body(ops, index) -> value
+
+    @property
+    def reduction_ranges(self):
+        return ()
+
+
+@dataclass(eq=False)
+class Reduction:
+    ranges: tuple            # the output's sizes
+    reduction_ranges: tuple  # the sizes reduced over
+    reduction_type: str      # sum, prod, max, min, argmax, argmin, any, all
+    body: Callable           # body(ops, index, rindex) -> value to accumulate
+    src_dtype: torch.dtype   # dtype of the accumulated values
+
+
+@dataclass(eq=False)
+class ComputedBuffer(Buffer):
+    """A buffer filled by a generated loop nest (Pointwise or Reduction)."""
+    data: Any = None
+    mutates: Optional[str] = None  # the name of the input buffer this writes into, if any
+
+    def store_index(self, index) -> Expr:
+        return self.layout.index(index)
+
+
+@dataclass(eq=False)
+class ExternKernel(Buffer):
+    """An eager ATen call inside the compiled graph, with the reason it is not compiled."""
+    op: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    reason: str = ""
+    outputs: list = field(default_factory=list)  # MultiOutput children when op returns several
+
+
+@dataclass(eq=False)
+class MultiOutput(Buffer):
+    """The k-th tensor an extern call returns."""
+    parent: Optional[ExternKernel] = None
+    path: tuple = ()
+
+
+# -- values -------------------------------------------------------------------------------
+
+class TensorValue:
+    """What a lowering takes and returns. Knows its dtype, device and sizes, and how to load."""
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple
+
+    def loader(self) -> Callable:  # loader(ops, index) -> value
+        raise NotImplementedError
+
+
+@dataclass(eq=False)
+class Lazy(TensorValue):
+    """A pointwise computation not yet given memory; inlined into every reader."""
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple
+    body: Callable
+    origins: list = field(default_factory=list)
+
+    def loader(self):
+        return self.body
+
+
+@dataclass(eq=False)
+class StorageView(TensorValue):
+    """A strided window on a buffer: loads are ``offset + sum(index * stride)``."""
+    buffer: Buffer
+    size: tuple
+    stride: tuple
+    offset: int
+
+    @property
+    def dtype(self):
+        return self.buffer.dtype
+
+    @property
+    def device(self):
+        return self.buffer.device
+
+    @staticmethod
+    def whole(buffer: Buffer) -> "StorageView":
+        lay = buffer.layout
+        return StorageView(buffer, lay.size, lay.stride, lay.offset)
+
+    def is_whole(self) -> bool:
+        lay = self.buffer.layout
+        return (self.size, self.stride, self.offset) == (lay.size, lay.stride, lay.offset)
+
+    def loader(self):
+        name, stride, offset = self.buffer.name, self.stride, self.offset
+        dtype = self.dtype
+
+        def load(ops, index):
+            return ops.load(name, flat_index(index, stride) + offset, dtype)
+        return load
+
+
+@dataclass(eq=False)
+class ReindexView(TensorValue):
+    """A view of a lazy value: index math maps this value's index to the base's."""
+    base: TensorValue
+    size: tuple
+    reindex: Callable  # reindex(index) -> base index
+
+    @property
+    def dtype(self):
+        return self.base.dtype
+
+    @property
+    def device(self):
+        return self.base.device
+
+    def loader(self):
+        inner, reindex = self.base.loader(), self.reindex
+
+        def load(ops, index):
+            return inner(ops, reindex(index))
+        return load
+
+
+def iteration_vars(ranges, prefix="i"):
+    """Fresh symbolic loop variables for printing or analysing a body on its own."""
+    return [Expr.of(v) for v in make_vars(prefix, ranges)]

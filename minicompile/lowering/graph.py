@@ -1,0 +1,241 @@
+"""GraphLowering: walk a functional ATen FX graph and build buffers of loop IR.
+
+Each node is lowered by its registered lowering (lowering/registry.py) or, failing that,
+becomes an ExternKernel: an eager ATen call with the reason recorded. Pointwise results stay
+lazy (inlined into readers) until something needs memory: a graph output, an extern's
+argument, a reduction's result, or a value read by many consumers.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from minicompile.config import config
+from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
+                                  MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
+                                  contiguous_strides, iteration_vars)
+from minicompile.ir.ops import SUPPORTED_DTYPES, RecordOps
+from minicompile.lowering.registry import LOWERINGS, Unsupported
+
+
+@dataclass
+class ExternRecord:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class GraphLowering:
+    gm: torch.fx.GraphModule
+    buffers: list = field(default_factory=list)        # ComputedBuffer / ExternKernel, in order
+    inputs: list = field(default_factory=list)         # InputBuffer per tensor placeholder
+    placeholders: list = field(default_factory=list)   # (kind, payload) per placeholder
+    constants: dict = field(default_factory=dict)      # name -> tensor (get_attr)
+    outputs: list = field(default_factory=list)        # StorageView | python value, per output
+    externs: list = field(default_factory=list)        # ExternRecord
+    sources: dict = field(default_factory=dict)        # FX node name -> user source line
+    env: dict = field(default_factory=dict)
+    _counter: int = 0
+
+    # -- naming and buffers -------------------------------------------------------------
+    def new_name(self, prefix="buf") -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    def register(self, buf: Buffer) -> Buffer:
+        self.buffers.append(buf)
+        return buf
+
+    # -- realization ----------------------------------------------------------------------
+    def realize(self, value: TensorValue, layout: Layout | None = None, origins=None) -> StorageView:
+        """Give ``value`` memory (unless it has some) and return a view of that memory."""
+        if isinstance(value, StorageView) and layout is None:
+            return value
+        if isinstance(value, StorageView) and value.is_whole() and value.buffer.layout == layout:
+            return value
+        size = tuple(value.size)
+        if layout is None:
+            layout = Layout(size, contiguous_strides(size), 0, value.dtype, value.device)
+        assert tuple(layout.size) == size, (layout.size, size)
+        buf = ComputedBuffer(self.new_name(), layout, list(origins or getattr(value, "origins", [])),
+                             data=Pointwise(size, value.loader()))
+        self.register(buf)
+        return StorageView.whole(buf)
+
+    def realize_as_node(self, value: TensorValue, node: torch.fx.Node) -> StorageView:
+        """Realize with eager's strides for ``node`` (outputs and views of it must match eager)."""
+        meta = node.meta.get("val")
+        if isinstance(value, StorageView):
+            return value
+        if isinstance(meta, torch.Tensor) and tuple(meta.shape) == tuple(value.size):
+            lay = Layout(tuple(meta.shape), tuple(meta.stride()), 0, value.dtype, value.device)
+            if lay.storage_numel() == _numel(lay.size):  # dense: same strides as eager
+                return self.realize(value, lay, origins=[node.name])
+        return self.realize(value, origins=[node.name])
+
+    # -- the walk -----------------------------------------------------------------------
+    def run(self) -> "GraphLowering":
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node)
+            elif node.op == "get_attr":
+                self.env[node] = self._constant(node)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self._output(node)
+        return self
+
+    def _placeholder(self, node):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            buf = InputBuffer(f"arg{len(self.placeholders)}", _at_data_ptr(Layout.of(val)), [node.name],
+                              position=len(self.placeholders))
+            self.inputs.append(buf)
+            self.placeholders.append(("tensor", buf))
+            return StorageView.whole(buf)
+        self.placeholders.append(("scalar", val))
+        return val
+
+    def _constant(self, node):
+        tensor = getattr(self.gm, node.target)
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        name = f"const{len(self.constants)}"
+        self.constants[name] = tensor
+        buf = InputBuffer(name, _at_data_ptr(Layout.of(tensor)), [node.name], position=-1)
+        return StorageView.whole(buf)
+
+    def _call(self, node):
+        args = torch.fx.map_arg(node.args, lambda n: self.env[n])
+        kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        reason = _unsupported_dtype(node)
+        lowering = LOWERINGS.get(node.target)
+        if lowering is None and reason is None:
+            reason = f"no lowering for {_op_name(node.target)}"
+        if reason is None:
+            try:
+                value = lowering(self, node, *args, **kwargs)
+                return self._maybe_realize(value, node)
+            except Unsupported as e:
+                reason = str(e)
+        return self.extern(node, args, kwargs, reason)
+
+    def _maybe_realize(self, value, node):
+        if not isinstance(value, Lazy):
+            return value
+        users = len(node.users)
+        if users > config.realize_reads_threshold or (users > 1 and _op_count(value) > config.realize_opcount_threshold):
+            return self.realize_as_node(value, node)
+        return value
+
+    def extern(self, node, args, kwargs, reason: str):
+        """Run ``node`` as an eager ATen call; tensor arguments get memory first."""
+        def prep(a):
+            if isinstance(a, TensorValue):
+                return self.realize(a)
+            return a
+        args = torch.fx.node.map_aggregate(args, prep)
+        kwargs = torch.fx.node.map_aggregate(kwargs, prep)
+        self.externs.append(ExternRecord(node.name, _op_name(node.target), reason))
+        meta = node.meta.get("val")
+        ext = ExternKernel(self.new_name(), _layout_or_none(meta), [node.name], op=node.target,
+                           args=args, kwargs=kwargs, reason=reason)
+        self.register(ext)
+        if isinstance(meta, torch.Tensor):
+            return StorageView.whole(ext)
+        if isinstance(meta, (list, tuple)):
+            outs = []
+            for k, m in enumerate(meta):
+                if isinstance(m, torch.Tensor):
+                    child = MultiOutput(self.new_name(), _at_data_ptr(Layout.of(m)), [node.name], parent=ext, path=(k,))
+                    ext.outputs.append(child)
+                    self.register(child)
+                    outs.append(StorageView.whole(child))
+                else:
+                    outs.append(m)
+            return outs
+        ext.layout = None
+        return None
+
+    def _output(self, node):
+        (outs,) = node.args
+        flat = outs if isinstance(outs, (list, tuple)) else [outs]
+        for out in flat:
+            if isinstance(out, torch.fx.Node):
+                value = self.env[out]
+                if isinstance(value, TensorValue):
+                    value = self._realize_output(value, out)
+                self.outputs.append(value)
+            else:
+                self.outputs.append(out)
+
+    def _realize_output(self, value: TensorValue, node) -> StorageView:
+        """Outputs get eager's strides: realize the storage eager would have, then view it."""
+        if isinstance(value, StorageView):
+            return value
+        if isinstance(value, ReindexView):
+            root, root_node = _view_root(value, node)
+            if root_node is not None and not isinstance(root, ReindexView):
+                base = self.realize_as_node(root, root_node)
+                meta = node.meta["val"]
+                view = StorageView(base.buffer, tuple(meta.shape), tuple(meta.stride()), int(meta.storage_offset()))
+                if view.buffer.layout.storage_numel() >= _view_extent(view):
+                    return view
+        return self.realize_as_node(value, node)
+
+
+def _view_root(value, node):
+    """Follow a chain of view nodes back to the value they view, and its FX node."""
+    while isinstance(value, ReindexView) and node is not None:
+        value = value.base
+        node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    return value, node
+
+
+def _view_extent(view: StorageView) -> int:
+    return Layout(view.size, view.stride, view.offset, view.dtype, view.device).storage_numel()
+
+
+def _numel(size) -> int:
+    n = 1
+    for s in size:
+        n *= int(s)
+    return n
+
+
+def _layout_or_none(meta):
+    return _at_data_ptr(Layout.of(meta)) if isinstance(meta, torch.Tensor) else None
+
+
+def _at_data_ptr(layout: Layout) -> Layout:
+    """Kernels index from a tensor's data_ptr, which already includes its storage offset."""
+    return Layout(layout.size, layout.stride, 0, layout.dtype, layout.device)
+
+
+def _op_name(target) -> str:
+    return str(target) if not hasattr(target, "__name__") else getattr(target, "__qualname__", target.__name__)
+
+
+def _unsupported_dtype(node):
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    for v in vals:
+        for t in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(t, torch.Tensor) and t.dtype not in SUPPORTED_DTYPES:
+                return f"dtype {t.dtype} is not compiled"
+            if isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "cuda"):
+                return f"device {t.device} is not compiled"
+    return None
+
+
+def _op_count(value: Lazy) -> int:
+    rec = RecordOps()
+    value.loader()(rec, iteration_vars(value.size))
+    return rec.op_count

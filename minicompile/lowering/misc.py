@@ -1,0 +1,188 @@
+"""Casts, copies, constants, ranges, concatenation, padding and input mutation."""
+from __future__ import annotations
+
+import torch
+
+from minicompile.ir.expr import Expr
+from minicompile.ir.nodes import ComputedBuffer, InputBuffer, Lazy, Pointwise, StorageView, iteration_vars
+from minicompile.ir.ops import RecordOps, compute_dtype
+from minicompile.lowering.pointwise import broadcast_loader
+from minicompile.lowering.registry import Unsupported, aten, register_lowering
+
+
+def cast(x, dtype, origins=()):
+    """``x`` converted to ``dtype`` (bf16/fp16 targets are rounded, then computed in fp32)."""
+    load = x.loader()
+    return Lazy(dtype, x.device, tuple(x.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dtype), list(origins))
+
+
+@register_lowering(aten._to_copy.default)
+def to_copy(lw, node, x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    meta = node.meta["val"]
+    if meta.device != x.device:
+        raise Unsupported(f"copy between devices ({x.device} -> {meta.device})")
+    return cast(x, meta.dtype, [node.name])
+
+
+@register_lowering(aten.copy.default)
+def copy(lw, node, dst, src, non_blocking=False):
+    load = broadcast_loader(src, tuple(dst.size))
+    return Lazy(dst.dtype, dst.device, tuple(dst.size),
+                lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype), [node.name])
+
+
+def constant_value(node, value):
+    meta = node.meta["val"]
+    dtype = meta.dtype
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point:
+        value = int(value)
+    else:
+        value = float(value)
+    return Lazy(dtype, meta.device, tuple(meta.shape),
+                lambda ops, idx: ops.constant(value, compute_dtype(dtype)), [node.name])
+
+
+@register_lowering(aten.full.default)
+def full(lw, node, size, value, **kwargs):
+    return constant_value(node, value)
+
+
+@register_lowering(aten.full_like.default)
+def full_like(lw, node, x, value, **kwargs):
+    return constant_value(node, value)
+
+
+@register_lowering(aten.scalar_tensor.default)
+def scalar_tensor(lw, node, value, **kwargs):
+    return constant_value(node, value)
+
+
+@register_lowering([aten.zeros_like.default, aten.empty_like.default, aten.zeros.default,
+                    aten.empty.memory_format, aten.new_zeros.default, aten.new_empty.default])
+def zeros(lw, node, *args, **kwargs):
+    return constant_value(node, 0)
+
+
+@register_lowering([aten.ones_like.default, aten.ones.default, aten.new_ones.default])
+def ones(lw, node, *args, **kwargs):
+    return constant_value(node, 1)
+
+
+@register_lowering([aten.arange.start_step, aten.arange.start, aten.arange.default])
+def arange(lw, node, *args, **kwargs):
+    meta = node.meta["val"]
+    nums = [a for a in args if isinstance(a, (int, float))]
+    start, step = 0, 1
+    if node.target is aten.arange.start_step:
+        start, step = nums[0], (nums[2] if len(nums) > 2 else 1)
+    elif node.target is aten.arange.start:
+        start = nums[0]
+    dtype = meta.dtype
+    cdt = compute_dtype(dtype)
+    exact = all(isinstance(v, int) for v in (start, step))
+
+    def body(ops, idx):
+        if exact:
+            return ops.index_expr(Expr.of(idx[0]) * step + start, cdt)
+        i = ops.index_expr(idx[0], torch.float64)
+        v = ops.pointwise("add", ops.pointwise("mul", i, ops.constant(float(step), torch.float64), dtype=torch.float64),
+                          ops.constant(float(start), torch.float64), dtype=torch.float64)
+        return ops.to_dtype(v, cdt)
+    return Lazy(dtype, meta.device, tuple(meta.shape), body, [node.name])
+
+
+@register_lowering(aten.cat.default)
+def cat(lw, node, tensors, dim=0):
+    meta = node.meta["val"]
+    size = tuple(meta.shape)
+    dim = dim + len(size) if dim < 0 else dim
+    # legacy: 1-D empty tensors are skipped whatever the other tensors' rank
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] > 0]
+    if not parts:
+        return constant_value(node, 0)
+    dtype = meta.dtype
+    cdt = compute_dtype(dtype)
+    pieces, offset = [], 0
+    for t in parts:
+        pieces.append((offset, t.size[dim], t.loader(), t.dtype))
+        offset += t.size[dim]
+
+    def body(ops, idx):
+        pos = Expr.of(idx[dim])
+        out = None
+        for start, length, load, dt in reversed(pieces):
+            local = (pos - start).clamp(0, length - 1)
+            v = load(ops, idx[:dim] + [local] + idx[dim + 1:])
+            if dt != dtype:
+                v = ops.to_dtype(v, dtype)
+            if out is None:
+                out = v
+            else:
+                below = ops.pointwise("lt", ops.index_expr(pos, torch.int64), ops.constant(start + length, torch.int64),
+                                      dtype=torch.bool)
+                out = ops.pointwise("where", below, v, out, dtype=cdt)
+        return out
+    return Lazy(dtype, meta.device, size, body, [node.name])
+
+
+@register_lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(lw, node, x, pad, value=0):
+    meta = node.meta["val"]
+    size = tuple(meta.shape)
+    ndim = len(size)
+    dtype = meta.dtype
+    cdt = compute_dtype(dtype)
+    lows = [0] * ndim
+    for k in range(len(pad) // 2):
+        lows[ndim - 1 - k] = pad[2 * k]
+    load = x.loader()
+    fill = bool(value) if dtype == torch.bool else (value if dtype.is_floating_point else int(value))
+
+    def body(ops, idx):
+        src, inside = [], None
+        for d in range(ndim):
+            p = Expr.of(idx[d]) - lows[d]
+            src.append(p.clamp(0, x.size[d] - 1))
+            if lows[d] > 0 or size[d] - lows[d] > x.size[d]:
+                pv = ops.index_expr(p, torch.int64)
+                ok = ops.pointwise("logical_and",
+                                   ops.pointwise("ge", pv, ops.constant(0, torch.int64), dtype=torch.bool),
+                                   ops.pointwise("lt", pv, ops.constant(x.size[d], torch.int64), dtype=torch.bool),
+                                   dtype=torch.bool)
+                inside = ok if inside is None else ops.pointwise("logical_and", inside, ok, dtype=torch.bool)
+        v = load(ops, src)
+        if inside is None:
+            return v
+        return ops.pointwise("where", inside, v, ops.constant(fill, cdt), dtype=cdt)
+    if any(s == 0 for s in x.size) and any(s > 0 for s in size):
+        return constant_value(node, fill)
+    return Lazy(dtype, meta.device, size, body, [node.name])
+
+
+@register_lowering(aten.copy_.default)
+def copy_(lw, node, dst, src, non_blocking=False):
+    """Input mutation (what functionalization leaves at the end): write into the caller's tensor."""
+    if not (isinstance(dst, StorageView) and isinstance(dst.buffer, InputBuffer) and dst.is_whole()):
+        raise Unsupported("copy_ into something other than a whole graph input")
+    target = dst.buffer
+    load = broadcast_loader(src, tuple(dst.size))
+    value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
+    if _reads_elsewhere(value, target):
+        value = lw.realize(src)  # read all of the old values before any is overwritten
+        load = broadcast_loader(value, tuple(dst.size))
+    buf = ComputedBuffer(lw.new_name(), target.layout, [node.name],
+                         data=Pointwise(tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype)),
+                         mutates=target.name)
+    lw.register(buf)
+    return StorageView.whole(buf)
+
+
+def _reads_elsewhere(value, target: InputBuffer) -> bool:
+    rec = RecordOps()
+    idx = iteration_vars(value.size)
+    value.loader()(rec, idx)
+    here = target.layout.index(idx)
+    return any(r.name == target.name and r.index != here for r in rec.reads)

@@ -1,0 +1,196 @@
+"""Views as index math: no copies.
+
+Each view op is a function from the view's index to its base's index. On a buffer the
+composed index is evaluated symbolically; when it comes out linear the view is just new
+strides and an offset on the same memory (a StorageView), exactly as eager would alias it.
+On a lazy value the map is applied inside the loop body (a ReindexView).
+"""
+from __future__ import annotations
+
+from minicompile.ir.expr import Expr, Var, make_vars
+from minicompile.ir.nodes import Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, prod
+from minicompile.lowering.registry import Unsupported, aten, register_lowering
+
+
+def make_view(base: TensorValue, size, reindex) -> TensorValue:
+    size = tuple(int(s) for s in size)
+    if isinstance(base, StorageView):
+        strided = _as_strides(base, size, reindex)
+        if strided is not None:
+            return strided
+    return ReindexView(base, size, reindex)
+
+
+def _as_strides(base: StorageView, size, reindex):
+    variables = make_vars("v", size)
+    flat = Expr.of(base.offset)
+    for i, st in zip(reindex([Expr.of(v) for v in variables]), base.stride):
+        flat = flat + Expr.of(i) * st
+    if not all(isinstance(a, Var) for a, _ in flat.terms):
+        return None
+    coefs = dict(flat.terms)
+    stride = tuple(coefs.get(v, 0) for v in variables)
+    return StorageView(base.buffer, size, stride, flat.const)
+
+
+def _dim(d, ndim):
+    return d + ndim if d < 0 else d
+
+
+def _identity(lw, node, x, *args, **kwargs):
+    return x
+
+
+register_lowering([aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default])(_identity)
+
+
+@register_lowering(aten.permute.default)
+def permute(lw, node, x, dims):
+    dims = [_dim(d, len(x.size)) for d in dims]
+    size = [x.size[d] for d in dims]
+    inverse = [dims.index(k) for k in range(len(dims))]
+    return make_view(x, size, lambda idx: [idx[inverse[k]] for k in range(len(dims))])
+
+
+@register_lowering(aten.transpose.int)
+def transpose(lw, node, x, d0, d1):
+    n = len(x.size)
+    dims = list(range(n))
+    if n:
+        d0, d1 = _dim(d0, n), _dim(d1, n)
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(lw, node, x, dims)
+
+
+@register_lowering(aten.t.default)
+def t(lw, node, x):
+    return transpose(lw, node, x, 0, 1) if len(x.size) == 2 else x
+
+
+@register_lowering(aten.expand.default)
+def expand(lw, node, x, size, implicit=False):
+    size = tuple(node.meta["val"].shape)
+    lead = len(size) - len(x.size)
+    src = tuple(x.size)
+    return make_view(x, size, lambda idx: [0 if s == 1 and size[lead + k] != 1 else idx[lead + k]
+                                           for k, s in enumerate(src)])
+
+
+@register_lowering(aten.unsqueeze.default)
+def unsqueeze(lw, node, x, dim):
+    dim = _dim(dim, len(x.size) + 1)
+    size = list(x.size)
+    size.insert(dim, 1)
+    return make_view(x, size, lambda idx: idx[:dim] + idx[dim + 1:])
+
+
+@register_lowering([aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims])
+def squeeze(lw, node, x, dims=None):
+    n = len(x.size)
+    if dims is None:
+        dims = range(n)
+    elif isinstance(dims, int):
+        dims = [dims]
+    drop = {_dim(d, n) for d in dims if n and x.size[_dim(d, n)] == 1}
+    keep = [k for k in range(n) if k not in drop]
+    size = [x.size[k] for k in keep]
+
+    def reindex(idx):
+        out = [Expr.of(0)] * n
+        for j, k in enumerate(keep):
+            out[k] = idx[j]
+        return out
+    return make_view(x, size, reindex)
+
+
+@register_lowering(aten.slice.Tensor)
+def slice_(lw, node, x, dim=0, start=None, end=None, step=1):
+    dim = _dim(dim, len(x.size))
+    length = node.meta["val"].shape[dim]
+    start = _clip_start(start, x.size[dim])
+    size = list(x.size)
+    size[dim] = int(length)
+    return make_view(x, size, lambda idx: idx[:dim] + [Expr.of(idx[dim]) * step + start] + idx[dim + 1:])
+
+
+def _clip_start(start, n):
+    if start is None:
+        return 0
+    if start < 0:
+        start += n
+    return min(max(start, 0), n)
+
+
+@register_lowering(aten.select.int)
+def select(lw, node, x, dim, index):
+    dim = _dim(dim, len(x.size))
+    if index < 0:
+        index += x.size[dim]
+    size = list(x.size[:dim]) + list(x.size[dim + 1:])
+    return make_view(x, size, lambda idx: idx[:dim] + [Expr.of(index)] + idx[dim:])
+
+
+@register_lowering([aten.view.default, aten._unsafe_view.default, aten.reshape.default])
+def view(lw, node, x, size):
+    new = tuple(int(s) for s in node.meta["val"].shape)
+    old = tuple(x.size)
+    if new == old:
+        return x
+    new_strides, old_strides = contiguous_strides(new), contiguous_strides(old)
+
+    def reindex(idx):
+        flat = Expr.of(0)
+        for i, st in zip(idx, new_strides):
+            flat = flat + Expr.of(i) * st
+        return [(flat // st) % s for st, s in zip(old_strides, old)]
+    return make_view(x, new, reindex)
+
+
+@register_lowering([aten.split.Tensor, aten.split_with_sizes.default])
+def split(lw, node, x, sizes, dim=0):
+    dim = _dim(dim, len(x.size))
+    outs, start = [], 0
+    for meta in node.meta["val"]:
+        length = int(meta.shape[dim])
+        size = list(x.size)
+        size[dim] = length
+        outs.append(make_view(x, size, _shift(dim, start)))
+        start += length
+    return outs
+
+
+def _shift(dim, start):
+    return lambda idx: idx[:dim] + [Expr.of(idx[dim]) + start] + idx[dim + 1:]
+
+
+@register_lowering(aten.unbind.int)
+def unbind(lw, node, x, dim=0):
+    dim = _dim(dim, len(x.size))
+    size = list(x.size[:dim]) + list(x.size[dim + 1:])
+    return [make_view(x, size, _pick(dim, k)) for k in range(x.size[dim])]
+
+
+def _pick(dim, k):
+    return lambda idx: idx[:dim] + [Expr.of(k)] + idx[dim:]
+
+
+@register_lowering(aten.as_strided.default)
+def as_strided(lw, node, x, size, stride, storage_offset=None):
+    if not isinstance(x, StorageView):
+        x = lw.realize_as_node(x, node.args[0])
+    offset = x.offset if storage_offset is None else storage_offset
+    return StorageView(x.buffer, tuple(size), tuple(stride), int(offset))
+
+
+@register_lowering([aten.clone.default, aten.contiguous.default])
+def clone(lw, node, x, memory_format=None):
+    # A copy: later mutation of the source must not show through, so it is a new value.
+    load = x.loader()
+    return Lazy(x.dtype, x.device, tuple(x.size), lambda ops, idx: load(ops, idx), [node.name])
+
+
+def numel(value) -> int:
+    return prod(value.size)
+
+
+__all__ = ["make_view", "Unsupported"]

@@ -1,0 +1,108 @@
+"""The on-disk cache: one directory, entries keyed by a hash of their source and flags.
+
+An entry is written to a temporary name and renamed into place, with a checksum beside it;
+an entry whose checksum does not match (truncated, corrupted) is rebuilt, never loaded. An
+unwritable cache directory degrades to a temporary one, with one warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import warnings
+
+from minicompile.config import config
+
+_fallback_dir = None
+_lock = threading.Lock()
+
+
+def cache_root() -> str:
+    """The usable cache directory (config.cache_dir, or a temporary one if unwritable)."""
+    global _fallback_dir
+    root = config.cache_dir
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe", delete=True)
+        probe.close()
+        return root
+    except OSError as e:
+        with _lock:
+            if _fallback_dir is None:
+                _fallback_dir = tempfile.mkdtemp(prefix="minicompile-cache-")
+                warnings.warn(f"minicompile: cache directory {root!r} is not writable ({e.strerror}); "
+                              f"building in {_fallback_dir} instead. Set MINICOMPILE_CACHE_DIR to a writable "
+                              f"directory to keep compiled kernels between runs.", RuntimeWarning, stacklevel=3)
+        return _fallback_dir
+
+
+def digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def file_checksum(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def entry_dir(kind: str, key: str) -> str:
+    path = os.path.join(cache_root(), kind, key[:2], key)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def is_valid(path: str) -> bool:
+    """The artifact exists and matches the checksum written when it was built."""
+    try:
+        with open(path + ".sha256") as f:
+            expected = f.read().strip()
+        return expected == file_checksum(path)
+    except OSError:
+        return False
+
+
+def commit(tmp_path: str, final_path: str) -> None:
+    """Move a finished artifact into place, then record its checksum."""
+    checksum = file_checksum(tmp_path)
+    os.replace(tmp_path, final_path)
+    tmp_sum = f"{final_path}.sha256.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp_sum, "w") as f:
+        f.write(checksum)
+    os.replace(tmp_sum, final_path + ".sha256")
+
+
+def info() -> dict:
+    root = cache_root()
+    files, size = 0, 0
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            files += 1
+            try:
+                size += os.path.getsize(os.path.join(dirpath, n))
+            except OSError:
+                pass
+    return {"path": root, "files": files, "bytes": size}
+
+
+def clear() -> int:
+    import shutil
+    root = cache_root()
+    n = info()["files"]
+    for child in os.listdir(root):
+        p = os.path.join(root, child)
+        if os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                os.remove(p)
+            except OSError:
+                pass
+    return n

@@ -1,0 +1,97 @@
+"""Build a C++ translation unit into a shared library (cached) and load it with ctypes."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import threading
+
+from minicompile.config import config
+from minicompile.runtime import cache
+
+# -fno-math-errno/-fno-trapping-math and __FAST_MATH__ let glibc hand the vectoriser its SIMD
+# exp/log/sin/...; unlike -ffast-math they keep NaN and Inf semantics, which eager relies on.
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+            "-D__FAST_MATH__", "-shared", "-fPIC", "-std=c++17", "-w"]
+
+
+class CompilerNotFound(RuntimeError):
+    pass
+
+
+class CppCompileError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _find_compiler(requested: str) -> str:
+    candidates = [requested] if requested else ["g++", "c++", "clang++"]
+    for c in candidates:
+        path = shutil.which(c)
+        if path:
+            return path
+    if requested:
+        raise CompilerNotFound(f"C++ compiler {requested!r} (from MINICOMPILE_CXX/CXX) was not found on PATH. "
+                               f"Install it, or set MINICOMPILE_CXX (or CXX) to a C++ compiler such as g++.")
+    raise CompilerNotFound("no C++ compiler found (looked for g++, c++, clang++): minicompile compiles CPU "
+                           "kernels with one. Install g++ (e.g. `apt-get install g++`) or set MINICOMPILE_CXX "
+                           "(or CXX) to a C++ compiler.")
+
+
+def compiler() -> str:
+    return _find_compiler(config.cxx)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(path: str) -> str:
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return path
+
+
+_build_locks: dict = {}
+_locks_guard = threading.Lock()
+
+
+def build(source: str) -> str:
+    """Path of a shared library built from ``source``: from the cache, or compiled now."""
+    cxx = compiler()
+    key = cache.digest(source, " ".join(CXXFLAGS), _compiler_version(cxx))
+    with _locks_guard:
+        lock = _build_locks.setdefault(key, threading.Lock())
+    with lock:
+        d = cache.entry_dir("cpp", key)
+        src_path, lib_path = os.path.join(d, "kernels.cpp"), os.path.join(d, "kernels.so")
+        if cache.is_valid(lib_path):
+            return lib_path
+        with open(src_path + ".tmp", "w") as f:
+            f.write(source)
+        os.replace(src_path + ".tmp", src_path)
+        tmp_lib = f"{lib_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        cmd = [cxx, *CXXFLAGS, src_path, "-o", tmp_lib]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CppCompileError(f"compiling generated kernels failed (source: {src_path}).\n"
+                                  f"command: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        cache.commit(tmp_lib, lib_path)
+        return lib_path
+
+
+class KernelLibrary:
+    """A loaded shared library; ``lib.kernel0(ptr, ptr, ...)`` calls a kernel."""
+
+    def __init__(self, path: str, kernels: dict):
+        self.path = path
+        self._lib = ctypes.CDLL(path)
+        for name, nargs in kernels.items():
+            fn = getattr(self._lib, name)
+            fn.argtypes = [ctypes.c_void_p] * nargs
+            fn.restype = None
+            setattr(self, name, fn)
+
+
+def load(source: str, kernels: dict) -> KernelLibrary:
+    return KernelLibrary(build(source), kernels)

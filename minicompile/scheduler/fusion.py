@@ -1,0 +1,257 @@
+"""The fusion scheduler: buffers -> kernels, in an order that respects every dependency.
+
+Buffers are visited in program order. Each computed buffer joins the most recent kernel it
+reads from (or shares an input with) when the loops can be laid out together
+(scheduler/kernel.py), every in-kernel read is of an element the same loop iteration wrote,
+and fusing cannot create a cycle through a buffer outside the kernel. Every producer ->
+consumer edge that ends up split across kernels keeps the reason, for ``explain`` and the CLI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from minicompile.config import config
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView
+from minicompile.ir.ops import RecordOps
+from minicompile.ir.nodes import iteration_vars
+from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
+
+
+@dataclass
+class ExternStep:
+    buffer: object  # ExternKernel | MultiOutput
+
+    @property
+    def name(self):
+        return self.buffer.name
+
+
+@dataclass
+class Decision:
+    producer: str
+    consumer: str
+    fused: bool
+    reason: str = ""
+
+
+@dataclass
+class Schedule:
+    steps: list                        # FusedKernel | ExternStep, in execution order
+    decisions: list = field(default_factory=list)
+    output_names: set = field(default_factory=set)
+
+    @property
+    def kernels(self) -> list:
+        return [s for s in self.steps if isinstance(s, FusedKernel)]
+
+    def __str__(self) -> str:
+        lines = []
+        for s in self.steps:
+            if isinstance(s, FusedKernel):
+                kind = "reduction" if s.is_reduction else "pointwise"
+                lines.append(f"{s.name}: {kind} kernel, outer {list(s.outer_ranges)} inner {list(s.inner_ranges)}")
+                for n in s.nodes:
+                    where = "local" if n.name in s.local else "stored"
+                    lines.append(f"    {n.name} ({s.level[n.name]}, {where}) <- FX {', '.join(n.origins)}")
+            else:
+                b = s.buffer
+                if isinstance(b, ExternKernel):
+                    lines.append(f"{b.name}: extern {b.op} <- FX {', '.join(b.origins)}  [{b.reason}]")
+        unfused = [d for d in self.decisions if not d.fused]
+        if unfused:
+            lines.append("not fused:")
+            lines += [f"    {d.producer} -> {d.consumer}: {d.reason}" for d in unfused]
+        return "\n".join(lines)
+
+
+def buffer_reads(buf) -> set:
+    if isinstance(buf, ComputedBuffer):
+        rec = RecordOps()
+        idx = iteration_vars(buf.data.ranges)
+        if isinstance(buf.data, Reduction):
+            buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
+        else:
+            buf.data.body(rec, idx)
+        return {r.name for r in rec.reads}
+    if isinstance(buf, MultiOutput):
+        return {buf.parent.name}
+    names = set()
+
+    def visit(a):
+        if isinstance(a, StorageView):
+            names.add(a.buffer.name)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x)
+    visit(buf.args)
+    visit(buf.kwargs)
+    return names
+
+
+class _Group:
+    def __init__(self, index, first):
+        self.index = index
+        self.nodes = [first]
+        self.kernel = None
+
+    @property
+    def names(self):
+        return {n.name for n in self.nodes}
+
+    @property
+    def is_extern(self):
+        return not isinstance(self.nodes[0], ComputedBuffer)
+
+
+def schedule(lw) -> Schedule:
+    buffers = lw.buffers
+    by_name = {b.name: b for b in buffers}
+    reads = {b.name: buffer_reads(b) for b in buffers}
+    deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
+    for b in buffers:  # a write into an input waits for every earlier reader of it
+        if isinstance(b, ComputedBuffer) and b.mutates:
+            deps[b.name] |= {o.name for o in buffers if o is not b and b.mutates in reads[o.name]}
+    ancestors = {}
+    for b in buffers:
+        anc = set(deps[b.name])
+        for d in deps[b.name]:
+            anc |= ancestors[d]
+        ancestors[b.name] = anc
+    mutated_by = {b.mutates: b.name for b in buffers if isinstance(b, ComputedBuffer) and b.mutates}
+    output_names = {o.buffer.name for o in lw.outputs if isinstance(o, StorageView)}
+
+    groups, group_of, failures = [], {}, {}
+    for b in buffers:
+        placed = None
+        if isinstance(b, ComputedBuffer) and config.fusion:
+            candidates = [g for g in reversed(groups) if not g.is_extern and
+                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes)))]
+            for g in candidates:
+                reason = _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name)
+                if reason is None:
+                    placed = g
+                    break
+                failures[(g.index, b.name)] = reason
+        if placed is None:
+            placed = _Group(len(groups), b)
+            groups.append(placed)
+            if isinstance(b, ComputedBuffer):
+                placed.kernel = plan_kernel("", [b])
+        else:
+            placed.nodes.append(b)
+        group_of[b.name] = placed
+
+    order = _group_order(groups, group_of, deps)
+    steps, decisions = [], []
+    for k, g in enumerate(order):
+        if g.is_extern:
+            steps.append(ExternStep(g.nodes[0]))
+            continue
+        kernel = g.kernel
+        kernel.name = _kernel_name(len([s for s in steps if isinstance(s, FusedKernel)]), g.nodes)
+        _build_stages(kernel, deps)
+        _mark_locals(kernel, buffers, reads, output_names)
+        steps.append(kernel)
+    for b in buffers:
+        for d in sorted(deps[b.name]):
+            gp, gc = group_of[d], group_of[b.name]
+            if gp is gc:
+                decisions.append(Decision(d, b.name, True))
+            else:
+                decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
+    return Schedule(steps, decisions, output_names)
+
+
+def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
+    names = g.names
+    if b.mutates and any(b.mutates in reads[n] for n in names):
+        return f"writes input {b.mutates} that the kernel reads"
+    for r in reads[b.name]:
+        if r in mutated_by and mutated_by[r] in names:
+            return f"reads input {r} that the kernel overwrites"
+    for p in deps[b.name] - names:
+        if ancestors[p] & names:
+            return f"would create a cycle through {p}"
+    try:
+        kernel = plan_kernel("", g.nodes + [b])
+    except CannotFuse as e:
+        return str(e)
+    for c in kernel.nodes:
+        for r in kernel.reads(c):
+            if r.name in names or r.name == b.name:
+                p = by_name[r.name]
+                if kernel.level[c.name] == "outer" and kernel.level[p.name] == "inner":
+                    return f"{c.name} is per-row but reads the per-element {p.name}"
+                if r.index != kernel.store_index(p):
+                    return f"{c.name} reads {p.name} at [{r.index}] but it is written at [{kernel.store_index(p)}]"
+    g.kernel = kernel
+    return None
+
+
+def _group_order(groups, group_of, deps):
+    graph = nx.DiGraph()
+    for g in groups:
+        graph.add_node(g.index)
+    for name, ds in deps.items():
+        for d in ds:
+            a, b = group_of[d].index, group_of[name].index
+            if a != b:
+                graph.add_edge(a, b)
+    assert nx.is_directed_acyclic_graph(graph), "fusion created a cycle"
+    return [groups[i] for i in nx.lexicographical_topological_sort(graph)]
+
+
+def _build_stages(kernel: FusedKernel, deps):
+    stages, loop_reductions = [], set()
+    for n in kernel.nodes:
+        lvl = kernel.level[n.name]
+        if lvl == "outer":
+            if not stages or stages[-1].kind != "scalar":
+                stages.append(Stage("scalar", []))
+            stages[-1].nodes.append(n)
+            loop_reductions = set()
+            continue
+        if not stages or stages[-1].kind != "loop" or deps[n.name] & loop_reductions:
+            stages.append(Stage("loop", []))
+            loop_reductions = set()
+        stages[-1].nodes.append(n)
+        if lvl == "reduction":
+            loop_reductions.add(n.name)
+    kernel.stages = stages
+
+
+def _mark_locals(kernel: FusedKernel, buffers, reads, output_names):
+    stage_of = {n.name: k for k, st in enumerate(kernel.stages) for n in st.nodes}
+    for n in kernel.nodes:
+        if n.name in output_names or n.mutates:
+            continue
+        readers = [b.name for b in buffers if n.name in reads[b.name]]
+        if not all(r in stage_of for r in readers):
+            continue
+        if kernel.level[n.name] == "inner" and any(stage_of[r] != stage_of[n.name] for r in readers):
+            continue
+        kernel.local.add(n.name)
+
+
+def _kernel_name(k, nodes) -> str:
+    kinds = []
+    for n in nodes:
+        if isinstance(n.data, Reduction):
+            kinds.append(n.data.reduction_type)
+    tag = "_".join(dict.fromkeys(kinds)) if kinds else "pointwise"
+    return f"kernel{k}_{tag}"
+
+
+def _edge_reason(gp, gc, consumer, failures) -> str:
+    if gp.is_extern:
+        return "producer is an extern call"
+    if gc.is_extern:
+        return "consumer is an extern call"
+    if not config.fusion:
+        return "fusion is turned off (config.fusion)"
+    return failures.get((gp.index, consumer.name), "consumer joined another kernel first")

@@ -1,0 +1,192 @@
+"""FusedKernel: a group of buffers computed by one loop nest, and how its loops are laid out.
+
+A kernel iterates an *outer* space (one point per output row; for a pointwise kernel, one
+point per element) and, when it reduces, an *inner* space per row. Every member buffer's own
+index is expressed in the kernel's loop variables through the flattened element number:
+``var_k = (flat // stride_k) % size_k``, which the index simplifier turns back into linear
+arithmetic whenever the members' shapes refine each other.
+
+Stages run in order inside each outer point: a "scalar" stage computes per-row values
+(pointwise members over the outer space), a "loop" stage runs one inner loop that computes
+inner-space pointwise members and accumulates reductions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var
+from minicompile.ir.nodes import ComputedBuffer, Reduction, prod
+from minicompile.ir.ops import RecordOps
+
+
+class CannotFuse(Exception):
+    pass
+
+
+def suffix_products(sizes) -> set:
+    out, acc = set(), 1
+    for s in reversed([int(s) for s in sizes if int(s) != 1]):
+        acc *= s
+        out.add(acc)
+    return out
+
+
+def chain(boundaries: set, total: int) -> list:
+    """Sorted boundaries 1 = b0 < b1 < ... < total if each divides the next, else raise."""
+    pts = sorted({1, total} | {b for b in boundaries if 1 < b < total}) if total > 1 else [1]
+    for a, b in zip(pts, pts[1:]):
+        if b % a:
+            raise CannotFuse(f"iteration spaces do not refine each other (split points {pts})")
+    return pts
+
+
+def ranges_from_chain(pts) -> tuple:
+    return tuple(b // a for a, b in reversed(list(zip(pts, pts[1:]))))
+
+
+def flat_of(variables, sizes) -> Expr:
+    flat, acc = Expr.of(0), 1
+    for v, s in reversed(list(zip(variables, sizes))):
+        flat = flat + Expr.of(v) * acc
+        acc *= s
+    return flat
+
+
+def unflatten(flat: Expr, sizes) -> list:
+    out, acc = [], 1
+    for s in reversed([int(s) for s in sizes]):
+        out.append(Expr.of(0) if s == 1 else (flat // acc) % s)
+        acc *= s
+    return list(reversed(out))
+
+
+@dataclass
+class Stage:
+    kind: str   # "scalar" | "loop"
+    nodes: list
+
+
+@dataclass(eq=False)
+class FusedKernel:
+    name: str
+    nodes: list                    # ComputedBuffers in execution order
+    outer_ranges: tuple
+    inner_ranges: tuple
+    stages: list = field(default_factory=list)
+    local: set = field(default_factory=set)      # buffer names kept in registers, never stored
+    level: dict = field(default_factory=dict)    # name -> "outer" | "inner" | "reduction"
+
+    def __post_init__(self):
+        self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]
+        self.inner_vars = [Var(f"r{k}", s) for k, s in enumerate(self.inner_ranges)]
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(n.data, Reduction) for n in self.nodes)
+
+    @property
+    def outer_numel(self) -> int:
+        return prod(self.outer_ranges)
+
+    @property
+    def inner_numel(self) -> int:
+        return prod(self.inner_ranges)
+
+    def node_index(self, node: ComputedBuffer):
+        """(index, rindex) of ``node``'s own loop variables, in this kernel's variables."""
+        outer = flat_of(self.outer_vars, self.outer_ranges)
+        inner = flat_of(self.inner_vars, self.inner_ranges)
+        if isinstance(node.data, Reduction):
+            return unflatten(outer, node.data.ranges), unflatten(inner, node.data.reduction_ranges)
+        if self.level.get(node.name) == "inner":
+            return unflatten(outer * self.inner_numel + inner, node.data.ranges), []
+        return unflatten(outer, node.data.ranges), []
+
+    def store_index(self, node: ComputedBuffer) -> Expr:
+        index, _ = self.node_index(node)
+        return node.store_index(index)
+
+    def reads(self, node: ComputedBuffer) -> list:
+        rec = RecordOps()
+        index, rindex = self.node_index(node)
+        if isinstance(node.data, Reduction):
+            node.data.body(rec, index, rindex)
+        else:
+            node.data.body(rec, index)
+        return rec.reads
+
+    def all_indices(self) -> list:
+        out = []
+        for n in self.nodes:
+            out.append(self.store_index(n))
+            out.extend(r.index for r in self.reads(n))
+        return out
+
+
+def nonlinear_count(exprs) -> int:
+    def count(e: Expr) -> int:
+        c = 0
+        for a, _ in e.terms:
+            if isinstance(a, (FloorDiv, Mod)):
+                c += 1 + count(a.arg)
+        return c
+    return sum(count(e) for e in exprs)
+
+
+def plan_kernel(name: str, nodes: list) -> FusedKernel:
+    """Lay out loops for ``nodes`` (in execution order) or raise CannotFuse saying why."""
+    reductions = [n for n in nodes if isinstance(n.data, Reduction)]
+    if reductions:
+        O, I = prod(reductions[0].data.ranges), prod(reductions[0].data.reduction_ranges)
+        for r in reductions[1:]:
+            if (prod(r.data.ranges), prod(r.data.reduction_ranges)) != (O, I):
+                raise CannotFuse(f"reductions over different spaces: {O}x{I} vs "
+                                 f"{prod(r.data.ranges)}x{prod(r.data.reduction_ranges)}")
+    else:
+        O, I = prod(nodes[0].data.ranges), 1
+    level, outer_b, inner_b = {}, set(), set()
+    for n in nodes:
+        numel = prod(n.data.ranges)
+        if isinstance(n.data, Reduction):
+            level[n.name] = "reduction"
+            outer_b |= suffix_products(n.data.ranges)
+            inner_b |= suffix_products(n.data.reduction_ranges)
+        elif numel == O:
+            level[n.name] = "outer"
+            outer_b |= suffix_products(n.data.ranges)
+        elif numel == O * I:
+            level[n.name] = "inner"
+            sp = suffix_products(n.data.ranges)
+            if I > 1 and O > 0:
+                chain(sp | {I}, O * I)  # the row boundary must fall between the node's dims
+            inner_b |= {b for b in sp if b < I}
+            outer_b |= {b // I for b in sp if b > I}
+        else:
+            raise CannotFuse(f"{n.name} has {numel} elements; the kernel iterates {O} x {I}")
+    outer = (0,) if O == 0 else _coalesce(ranges_from_chain(chain(outer_b, O)))
+    inner = (0,) if I == 0 else _coalesce(ranges_from_chain(chain(inner_b, I))) if I > 1 else ()
+    kernel = FusedKernel(name, list(nodes), outer, inner, level=level)
+    return _merge_loops(kernel)
+
+
+def _coalesce(ranges):
+    return tuple(r for r in ranges if r != 1) or ((1,) if ranges else ())
+
+
+def _merge_loops(kernel: FusedKernel) -> FusedKernel:
+    """Merge adjacent loops whenever every index stays as linear as before."""
+    for attr in ("outer_ranges", "inner_ranges"):
+        k = 0
+        while k + 1 < len(getattr(kernel, attr)):
+            before = nonlinear_count(kernel.all_indices())
+            ranges = getattr(kernel, attr)
+            merged = ranges[:k] + (ranges[k] * ranges[k + 1],) + ranges[k + 2:]
+            trial = FusedKernel(kernel.name, kernel.nodes,
+                                merged if attr == "outer_ranges" else kernel.outer_ranges,
+                                merged if attr == "inner_ranges" else kernel.inner_ranges,
+                                level=kernel.level)
+            if nonlinear_count(trial.all_indices()) <= before:
+                kernel = trial
+            else:
+                k += 1
+    return kernel

@@ -18,6 +18,37 @@ def needs_autograd(example_inputs) -> bool:
     return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
+def has_symbolic_shapes(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Dynamo marked some size dynamic: the graph must serve more than one shape."""
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(val, torch.SymInt):
+            return True
+        if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
+            return True
+    return False
+
+
+class PerShapeGraph:
+    """Compiles a dynamic-shape graph once per concrete input signature (shapes are static inside)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.compiled = {}
+
+    def __call__(self, *args):
+        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                    for a in args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = compile_graph(self.gm, list(args))
+        return fn(*args)
+
+
 def minicompile_backend(gm: torch.fx.GraphModule, example_inputs):
     """Compile a captured FX graph; returns a callable taking the graph's inputs."""
     if needs_autograd(example_inputs):
@@ -25,4 +56,6 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs):
         # eagerly so outputs and gradients are exactly eager's.
         log.warning("minicompile: graph needs gradients; running it eagerly (training is not compiled yet)")
         return gm.forward
+    if has_symbolic_shapes(gm, example_inputs):
+        return PerShapeGraph(gm)
     return compile_graph(gm, list(example_inputs))

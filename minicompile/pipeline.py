@@ -21,13 +21,12 @@ import torch
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace_inference
-from minicompile.codegen.cpp import CppKernel, generate_cpp
+from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
 from minicompile.ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from minicompile.lowering import GraphLowering
 from minicompile.runtime import cache
-from minicompile.runtime.cpp_build import load as load_cpp
 from minicompile.scheduler.fusion import Schedule, schedule
 
 log = logging.getLogger("minicompile")
@@ -82,37 +81,34 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     stamp("lower")
     plan = schedule(lowered)
     stamp("schedule")
-    backend = _pick_backend(lowered)
+    backend = BACKENDS[_pick_backend(lowered)]
     storage = {b.name: b.mutates for b in lowered.buffers if isinstance(b, ComputedBuffer) and b.mutates}
     buffers = {b.name: b for b in lowered.buffers}
     buffers.update({b.name: b for b in lowered.inputs})
-    for o in _all_views(lowered):
-        buffers.setdefault(o.buffer.name, o.buffer)
-    kernels = {k.name: CppKernel(k, buffers, storage, lowered.sources) for k in plan.kernels}
-    kernel_args = {name: [p for p, _, _ in ck.args()] for name, ck in kernels.items()}
-    source = generate_cpp(plan, buffers, storage, lowered.sources)
-    wrapper = WrapperCode(lowered, plan, storage, kernel_args)
+    buffers.update({b.name: b for b in lowered.constant_buffers})
+    kernels = backend.generate(plan, buffers, storage, lowered.sources)
+    wrapper = WrapperCode(lowered, plan, storage, kernels.kernel_args, backend.pass_pointers)
     wrapper_source = wrapper.generate()
     stamp("codegen")
-    lib = load_cpp(source, {name: len(args) for name, args in kernel_args.items()}) if kernels else None
+    lib = backend.load(kernels)
     stamp("build")
     run = _load_wrapper(wrapper_source, lib, wrapper.externs, lowered.constants)
     stamp("load")
-    compiled = CompiledGraph(aten_gm, lowered, plan, source, wrapper_source, backend, run, out_spec, timings)
+    compiled = CompiledGraph(aten_gm, lowered, plan, kernels.source, wrapper_source, backend.name, run,
+                             out_spec, timings)
     _debug_dump(compiled)
     return compiled
 
 
 def _pick_backend(lowered) -> str:
-    devices = {b.layout.device.type for b in lowered.inputs}
-    if "cuda" in devices:
-        raise NotImplementedError("CUDA graphs need the Triton code generator")
+    """CUDA tensors -> Triton; CPU tensors -> C++ (or Triton when config.cpu_backend says so)."""
+    devices = {b.layout.device.type for b in lowered.buffers if b.layout is not None}
+    devices |= {b.layout.device.type for b in lowered.inputs}
+    if "cuda" in devices or config.cpu_backend == "triton":
+        if "triton" not in BACKENDS:
+            raise NotImplementedError("this graph needs the Triton code generator, which is not available")
+        return "triton"
     return "cpp"
-
-
-def _all_views(lowered):
-    out = [o for o in lowered.outputs if isinstance(o, StorageView)]
-    return out
 
 
 def _sources(gm) -> dict:

@@ -17,11 +17,12 @@ from minicompile.scheduler.kernel import FusedKernel
 
 
 class WrapperCode:
-    def __init__(self, lw, schedule, storage: dict, kernel_args: dict):
+    def __init__(self, lw, schedule, storage: dict, kernel_args: dict, pass_pointers: bool = True):
         self.lw = lw
         self.schedule = schedule
         self.storage = storage
         self.kernel_args = kernel_args  # kernel name -> [pointer names]
+        self.suffix = ".data_ptr()" if pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
 
@@ -67,7 +68,7 @@ class WrapperCode:
                 for n in step.nodes:
                     if n.name not in step.local and not n.mutates:
                         L.append(self._alloc(n, pool, outputs))
-                ptrs = ", ".join(f"{p}.data_ptr()" for p in self.kernel_args[step.name])
+                ptrs = ", ".join(f"{p}{self.suffix}" for p in self.kernel_args[step.name])
                 L.append(f"{step.name}({ptrs})")
             else:
                 b = step.buffer

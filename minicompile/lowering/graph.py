@@ -35,6 +35,7 @@ class GraphLowering:
     inputs: list = field(default_factory=list)         # InputBuffer per tensor placeholder
     placeholders: list = field(default_factory=list)   # (kind, payload) per placeholder
     constants: dict = field(default_factory=dict)      # name -> tensor (get_attr)
+    constant_buffers: list = field(default_factory=list)  # InputBuffer per constant
     outputs: list = field(default_factory=list)        # StorageView | python value, per output
     externs: list = field(default_factory=list)        # ExternRecord
     sources: dict = field(default_factory=dict)        # FX node name -> user source line
@@ -109,6 +110,7 @@ class GraphLowering:
         name = f"const{len(self.constants)}"
         self.constants[name] = tensor
         buf = InputBuffer(name, _at_data_ptr(Layout.of(tensor)), [node.name], position=-1)
+        self.constant_buffers.append(buf)
         return StorageView.whole(buf)
 
     def _call(self, node):

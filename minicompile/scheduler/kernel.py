@@ -53,6 +53,8 @@ def flat_of(variables, sizes) -> Expr:
 
 
 def unflatten(flat: Expr, sizes) -> list:
+    if any(int(s) == 0 for s in sizes):
+        return [Expr.of(0) for _ in sizes]  # an empty space: the loop never runs, any index will do
     out, acc = [], 1
     for s in reversed([int(s) for s in sizes]):
         out.append(Expr.of(0) if s == 1 else (flat // acc) % s)

@@ -1,0 +1,112 @@
+"""Compare a compiled result with eager's: structure, dtype, shape, strides, then values.
+
+Values get dtype-appropriate tolerances; NaN and inf must sit at the same positions. Strides
+are compared where eager's output is dense (non-overlapping and dense), ignoring size-1
+dimensions, whose stride eager itself does not pin down.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+
+# (rtol, atol) per dtype. Generated code computes in a different order and with libm/SIMD
+# transcendental functions, so float32 allows a few hundred ulps; bf16/fp16 are computed in
+# float32 and rounded once, so a one-ulp difference in the narrow type is allowed.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (2e-3, 1e-3),
+    torch.complex64: (1e-4, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+
+
+def mismatch(expected, actual, *, values: bool = True) -> str | None:
+    """None when ``actual`` matches ``expected``; otherwise a one-line description of the first difference."""
+    exp_flat, exp_spec = pytree.tree_flatten(expected)
+    act_flat, act_spec = pytree.tree_flatten(actual)
+    if len(exp_flat) != len(act_flat):
+        return f"output structure differs: eager {exp_spec}, compiled {act_spec}"
+    for k, (e, a) in enumerate(zip(exp_flat, act_flat)):
+        msg = _leaf_mismatch(e, a, values)
+        if msg:
+            return f"output {k}: {msg}"
+    return None
+
+
+def _leaf_mismatch(e, a, values: bool) -> str | None:
+    if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
+        return f"eager gives {type(e).__name__}, compiled gives {type(a).__name__}"
+    if not isinstance(e, torch.Tensor):
+        if values and not _same_scalar(e, a):
+            return f"eager gives {e!r}, compiled gives {a!r}"
+        return None
+    if e.dtype != a.dtype:
+        return f"dtype: eager {e.dtype}, compiled {a.dtype}"
+    if e.shape != a.shape:
+        return f"shape: eager {tuple(e.shape)}, compiled {tuple(a.shape)}"
+    if e.numel() > 0 and _is_dense(e):
+        es = [s for s, n in zip(e.stride(), e.shape) if n > 1]
+        as_ = [s for s, n in zip(a.stride(), a.shape) if n > 1]
+        if es != as_:
+            return f"strides: eager {e.stride()}, compiled {a.stride()} (shape {tuple(e.shape)})"
+    if not values or e.numel() == 0:
+        return None
+    return _value_mismatch(e, a)
+
+
+def _value_mismatch(e: torch.Tensor, a: torch.Tensor) -> str | None:
+    if e.dtype.is_floating_point or e.dtype.is_complex:
+        rtol, atol = TOLERANCES.get(e.dtype, (1e-4, 1e-5))
+        e64 = e.detach().to(torch.complex128 if e.dtype.is_complex else torch.float64)
+        a64 = a.detach().to(e64.dtype)
+        if not torch.equal(torch.isnan(e64), torch.isnan(a64)):
+            return f"NaN positions differ ({_where(torch.isnan(e64) != torch.isnan(a64))})"
+        if not torch.equal(torch.isinf(e64), torch.isinf(a64)) or not torch.equal(e64[torch.isinf(e64)], a64[torch.isinf(a64)]):
+            return f"inf positions differ ({_where(torch.isinf(e64) != torch.isinf(a64))})"
+        finite = torch.isfinite(e64)
+        diff = (e64 - a64).abs()[finite]
+        allowed = (atol + rtol * e64.abs())[finite]
+        bad = diff > allowed
+        if bool(bad.any()):
+            k = int(bad.nonzero()[0])
+            return (f"values differ ({int(bad.sum())} of {e.numel()} elements beyond rtol={rtol}, atol={atol}; "
+                    f"max abs diff {float(diff.max()):.3g}; e.g. eager {e64[finite][k].item()!r}, "
+                    f"compiled {a64[finite][k].item()!r})")
+        return None
+    if not torch.equal(e, a):
+        bad = e != a
+        return f"values differ ({int(bad.sum())} of {e.numel()} elements; first at {_where(bad)})"
+    return None
+
+
+def _where(mask: torch.Tensor) -> str:
+    idx = mask.nonzero()
+    return f"index {tuple(idx[0].tolist())}" if len(idx) else "no index"
+
+
+def _same_scalar(e, a) -> bool:
+    if isinstance(e, float) and isinstance(a, float) and e != e and a != a:
+        return True
+    return e == a
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of the dims is contiguous."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def copy_preserving_strides(t):
+    """A fresh copy of ``t`` with the same size and strides (so non-contiguous inputs stay so)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    # copy the whole storage and view it the same way: also right for expanded (stride-0) inputs
+    out = torch.empty(0, dtype=t.dtype, device=t.device)
+    out.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+    return out.detach().requires_grad_(t.requires_grad) if t.requires_grad else out

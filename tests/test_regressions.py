@@ -28,3 +28,21 @@ def test_reductions_over_empty_tensors():
         return torch.var(x, unbiased=False), x.sum(-1), x.sum(0)
     for shape in [(0,), (0, 3), (3, 0)]:
         check(fn, torch.randn(shape))
+
+
+def test_reshape_of_empty_tensor():
+    # lowering/views.py view() took an index modulo a zero-size dimension
+    check(lambda x: x.reshape(-1) * 2, torch.randn(3, 0, 9))
+
+
+def test_empty_pointwise_beside_reduction_over_empty_dim():
+    # scheduler/kernel.py plan_kernel divided by an empty reduction's inner size when fusing
+    def fn(x, m):
+        return x * m, torch.all(m, 0), torch.logical_not(m)
+    check(fn, torch.randint(-5, 5, (0, 1, 5, 2)), torch.rand(0, 1, 5, 1) < 0.5)
+
+
+def test_normalization_over_empty_dim():
+    def fn(x):
+        return (x - x.mean(0, keepdim=True)) * torch.rsqrt(x.var(0, keepdim=True, unbiased=False) + 1e-5)
+    check(fn, torch.randn(0, 9, dtype=torch.bfloat16))

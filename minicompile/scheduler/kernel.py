@@ -157,6 +157,8 @@ def plan_kernel(name: str, nodes: list) -> FusedKernel:
             level[n.name] = "outer"
             outer_b |= suffix_products(n.data.ranges)
         elif numel == O * I:
+            if I == 0:
+                raise CannotFuse(f"{n.name} is empty and the reduction's inner space is empty: nothing to share")
             level[n.name] = "inner"
             sp = suffix_products(n.data.ranges)
             if I > 1 and O > 0:

@@ -46,3 +46,12 @@ def test_normalization_over_empty_dim():
     def fn(x):
         return (x - x.mean(0, keepdim=True)) * torch.rsqrt(x.var(0, keepdim=True, unbiased=False) + 1e-5)
     check(fn, torch.randn(0, 9, dtype=torch.bfloat16))
+
+
+def test_as_strided_of_input_with_storage_offset():
+    # as_strided counts from the storage start; an input's kernel pointer already includes its
+    # offset, so the view read the wrong elements (OpInfo as_strided.partial_views)
+    base = torch.randn(20)
+    x = base[5:15]
+    compiled = check(lambda x: torch.as_strided(x, (2, 2), (1, 2), 0) * 2, x)
+    assert any("as_strided" in e.reason for e in compiled.externs)

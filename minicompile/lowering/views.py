@@ -8,7 +8,7 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 from __future__ import annotations
 
 from minicompile.ir.expr import Expr, Var, make_vars
-from minicompile.ir.nodes import Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, prod
+from minicompile.ir.nodes import InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, prod
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 
@@ -180,6 +180,10 @@ def _pick(dim, k):
 def as_strided(lw, node, x, size, stride, storage_offset=None):
     if not isinstance(x, StorageView):
         x = lw.realize_as_node(x, node.args[0])
+    if isinstance(x.buffer, InputBuffer):
+        # as_strided counts from the start of the storage, but kernels see an input from its
+        # data_ptr: its storage offset is known only at run time
+        raise Unsupported("as_strided of a graph input (its storage offset is known only at run time)")
     offset = x.offset if storage_offset is None else storage_offset
     return StorageView(x.buffer, tuple(size), tuple(stride), int(offset))
 

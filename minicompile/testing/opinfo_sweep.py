@@ -133,7 +133,7 @@ def _short(e: BaseException) -> str:
 def _data_dependent(gm):
     for node in gm.graph.nodes:
         for v in pytree.tree_leaves(node.meta.get("val")):
-            if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)):
                 return f"{node.target}"
     return None
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from minicompile.ir.expr import Expr
-from minicompile.ir.nodes import ComputedBuffer, InputBuffer, Lazy, Pointwise, StorageView, iteration_vars
+from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
+                                  iteration_vars)
 from minicompile.ir.ops import RecordOps, compute_dtype
 from minicompile.lowering.pointwise import broadcast_loader
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -168,6 +169,8 @@ def copy_(lw, node, dst, src, non_blocking=False):
     if not (isinstance(dst, StorageView) and isinstance(dst.buffer, InputBuffer) and dst.is_whole()):
         raise Unsupported("copy_ into something other than a whole graph input")
     target = dst.buffer
+    _realize_readers_of(lw, target, node)
+    src = lw.env[node.args[1]] if isinstance(node.args[1], torch.fx.Node) else src
     load = broadcast_loader(src, tuple(dst.size))
     value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
     if _reads_elsewhere(value, target):
@@ -178,6 +181,19 @@ def copy_(lw, node, dst, src, non_blocking=False):
                          mutates=target.name)
     lw.register(buf)
     return StorageView.whole(buf)
+
+
+def _realize_readers_of(lw, target: InputBuffer, mutation) -> None:
+    """Values still to be read after this mutation must see the old contents: compute them now."""
+    for fx_node, value in list(lw.env.items()):
+        if isinstance(value, (Lazy, ReindexView)) and set(fx_node.users) - {mutation} and _reads(value, target):
+            lw.env[fx_node] = lw.realize_as_node(value, fx_node)
+
+
+def _reads(value, target) -> bool:
+    rec = RecordOps()
+    value.loader()(rec, iteration_vars(value.size))
+    return any(r.name == target.name for r in rec.reads)
 
 
 def _reads_elsewhere(value, target: InputBuffer) -> bool:

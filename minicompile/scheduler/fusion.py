@@ -113,9 +113,9 @@ def schedule(lw) -> Schedule:
     by_name = {b.name: b for b in buffers}
     reads = {b.name: buffer_reads(b) for b in buffers}
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
-    for b in buffers:  # a write into an input waits for every earlier reader of it
+    for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
-            deps[b.name] |= {o.name for o in buffers if o is not b and b.mutates in reads[o.name]}
+            deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
     ancestors = {}
     for b in buffers:
         anc = set(deps[b.name])

@@ -55,8 +55,8 @@ def flat_of(variables, sizes) -> Expr:
 def unflatten(flat: Expr, sizes) -> list:
     out, acc = [], 1
     for s in reversed([int(s) for s in sizes]):
-        out.append(Expr.of(0) if s == 1 else (flat // acc) % s)
-        acc *= s
+        out.append(Expr.of(0) if s <= 1 else (flat // acc) % s)  # size 0: the loop never runs
+        acc *= max(s, 1)
     return list(reversed(out))
 
 

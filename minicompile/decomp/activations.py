@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from minicompile.decomp.precision import to_dtype, upcast, where_scalar
+from minicompile.decomp.precision import fill_where, to_dtype, upcast
 from minicompile.decomp.registry import register_decomposition
 
 aten = torch.ops.aten
@@ -120,4 +120,4 @@ def safe_softmax(x, dim, dtype=None):
     src = x if dtype is None else to_dtype(x, dtype)
     out = softmax(src, dim, False)
     fully_masked = aten.all.dim(aten.eq.Scalar(src, float("-inf")), dim, True)
-    return where_scalar(fully_masked, out, 0)
+    return fill_where(fully_masked, 0, out)

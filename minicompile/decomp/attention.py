@@ -13,7 +13,7 @@ import math
 import torch
 
 from minicompile.decomp.linalg import matmul
-from minicompile.decomp.precision import to_dtype, upcast, where_scalar
+from minicompile.decomp.precision import fill_where, to_dtype, upcast, where_scalar
 from minicompile.decomp.registry import register_decomposition
 
 aten = torch.ops.aten
@@ -52,11 +52,11 @@ def attention_math(query, key, value, attn_mask=None, is_causal=False, scale=Non
         else:
             scores = aten.add.Tensor(scores, upcast(attn_mask))
     row_max = aten.amax.default(scores, [-1], True)
-    row_max = where_scalar(aten.isinf.default(row_max), row_max, 0)
+    row_max = fill_where(aten.isinf.default(row_max), 0, row_max)
     e = aten.exp.default(aten.sub.Tensor(scores, row_max))
     denom = aten.sum.dim_IntList(e, [-1], True)
     # A row with every key masked has denom 0: divide by 1 so its weights stay 0.
-    safe_denom = where_scalar(aten.eq.Scalar(denom, 0), denom, 1)
+    safe_denom = fill_where(aten.eq.Scalar(denom, 0), 1, denom)
     out = matmul(aten.div.Tensor(e, safe_denom), v)
     lse = aten.squeeze.dim(aten.add.Tensor(aten.log.default(denom), row_max), -1)
     return to_dtype(out, query.dtype), lse

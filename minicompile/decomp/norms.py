@@ -70,9 +70,10 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     scale = aten.view.default(scale, channel_shape)
     shift = aten.view.default(shift, channel_shape)
     out = aten.add.Tensor(aten.mul.Tensor(upcast(input), scale), shift)
-    # No statistics are saved in eval mode: eager returns two empty tensors.
+    # No statistics are saved in eval mode: eager returns two empty tensors, typed like
+    # the running statistics.
     def empty():
-        return aten.empty.memory_format([0], dtype=compute, device=input.device)
+        return aten.empty.memory_format([0], dtype=running_mean.dtype, device=input.device)
 
     return to_dtype(out, input.dtype), empty(), empty()
 
@@ -87,6 +88,16 @@ def native_batch_norm_legit(input, weight, bias, running_mean, running_var, trai
     if training:
         return NotImplemented  # updates running stats: left as an extern call
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@register_decomposition(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """What functionalization turns _native_batch_norm_legit into: the running stats come
+    back as outputs (unchanged in eval) instead of being updated in place."""
+    if training:
+        return NotImplemented
+    out, save_mean, save_rstd = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+    return out, save_mean, save_rstd, aten.clone.default(running_mean), aten.clone.default(running_var)
 
 
 @register_decomposition(aten.native_batch_norm.default)

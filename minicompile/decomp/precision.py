@@ -30,5 +30,10 @@ def scalar_like(value, x: torch.Tensor, dtype: torch.dtype | None = None) -> tor
 
 
 def where_scalar(cond: torch.Tensor, a: torch.Tensor, value) -> torch.Tensor:
-    """where(cond, a, value) keeping a's dtype (where.self only takes tensors)."""
+    """where(cond, a, value): keep a where cond holds, else the constant (in a's dtype)."""
     return aten.where.self(cond, a, scalar_like(value, a))
+
+
+def fill_where(cond: torch.Tensor, value, a: torch.Tensor) -> torch.Tensor:
+    """where(cond, value, a): the constant (in a's dtype) where cond holds, else a."""
+    return aten.where.self(cond, scalar_like(value, a), a)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from minicompile.decomp.precision import to_dtype, upcast, where_scalar
+from minicompile.decomp.precision import fill_where, to_dtype, upcast
 from minicompile.decomp.registry import register_decomposition
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def logsumexp(x, dim, keepdim=False):
     dim = list(dim) if len(dim) else list(range(x.dim()))
     maxes = aten.amax.default(x, dim, True)
     # An infinite max would turn x - max into NaN; eager shifts by 0 instead.
-    maxes = where_scalar(aten.isinf.default(maxes), maxes, 0)
+    maxes = fill_where(aten.isinf.default(maxes), 0, maxes)
     total = aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(x, maxes)), dim, keepdim)
     if not keepdim:
         maxes = aten.squeeze.dims(maxes, dim)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from conftest import assert_close_like_eager
-from op_table import SAMPLES
+from tests.conftest import assert_close_like_eager
+from tests.op_table import SAMPLES
 
 
 def run_sample(sample, backend="minicompile"):

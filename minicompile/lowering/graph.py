@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
 from minicompile.config import config
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
@@ -125,6 +126,7 @@ class GraphLowering:
         if reason is None:
             try:
                 value = lowering(self, node, *args, **kwargs)
+                _record_origins(value, node, args)
                 return self._maybe_realize(value, node)
             except Unsupported as e:
                 reason = str(e)
@@ -192,6 +194,17 @@ class GraphLowering:
                 if view.buffer.layout.storage_numel() >= _view_extent(view):
                     return view
         return self.realize_as_node(value, node)
+
+
+def _record_origins(value, node, args) -> None:
+    """A lazy value remembers every FX node inlined into it, for kernel header comments."""
+    if not isinstance(value, (Lazy, ReindexView)):
+        return
+    names = []
+    for leaf in pytree.tree_leaves(args):
+        if isinstance(leaf, (Lazy, ReindexView)):
+            names += leaf.origins
+    value.origins = list(dict.fromkeys(names + [node.name]))
 
 
 def _view_root(value, node):

@@ -202,3 +202,22 @@ def _reads_elsewhere(value, target: InputBuffer) -> bool:
     value.loader()(rec, idx)
     here = target.layout.index(idx)
     return any(r.name == target.name and r.index != here for r in rec.reads)
+
+
+def _triangle(upper: bool):
+    def lower(lw, node, x, diagonal=0):
+        load, n = x.loader(), len(x.size)
+        zero = 0 if x.dtype != torch.bool else False
+
+        def body(ops, idx):
+            row = ops.index_expr(idx[n - 2], torch.int64)
+            col = ops.index_expr(Expr.of(idx[n - 1]) - diagonal, torch.int64)
+            keep = ops.pointwise("ge" if upper else "le", col, row, dtype=torch.bool)
+            return ops.pointwise("where", keep, load(ops, idx), ops.constant(zero, compute_dtype(x.dtype)),
+                                 dtype=compute_dtype(x.dtype))
+        return Lazy(x.dtype, x.device, tuple(x.size), body, [node.name])
+    return lower
+
+
+register_lowering(aten.tril.default)(_triangle(upper=False))
+register_lowering(aten.triu.default)(_triangle(upper=True))

@@ -64,7 +64,8 @@ class GraphLowering:
         if layout is None:
             layout = Layout(size, contiguous_strides(size), 0, value.dtype, value.device)
         assert tuple(layout.size) == size, (layout.size, size)
-        buf = ComputedBuffer(self.new_name(), layout, list(origins or getattr(value, "origins", [])),
+        names = list(dict.fromkeys(list(getattr(value, "origins", [])) + list(origins or [])))
+        buf = ComputedBuffer(self.new_name(), layout, names,
                              data=Pointwise(size, value.loader()))
         self.register(buf)
         return StorageView.whole(buf)

@@ -12,7 +12,7 @@ from minicompile.ir.expr import Expr
 from minicompile.ir.nodes import ComputedBuffer, Layout, Lazy, Reduction, StorageView, contiguous_strides, prod
 from minicompile.ir.ops import compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
-from minicompile.lowering.views import view
+from minicompile.lowering.views import make_view, view
 
 
 def _norm_dims(dims, ndim):
@@ -57,8 +57,8 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
     else:
         layout = Layout(out_size, contiguous_strides(out_size), 0, out_dtype, x.device)
     data = Reduction(out_size, red_size, reduction_type, default_body if body is None else custom_body, src_dtype)
-    buf = ComputedBuffer(lw.new_name(), layout, [(name_node or node).name] if (name_node or node) is not None else [],
-                         data=data)
+    names = list(getattr(x, "origins", [])) + ([(name_node or node).name] if (name_node or node) is not None else [])
+    buf = ComputedBuffer(lw.new_name(), layout, list(dict.fromkeys(names)), data=data)
     lw.register(buf)
     return StorageView.whole(buf)
 
@@ -165,9 +165,21 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
     m2 = reduce(lw, x, rdims, keepdim, "sum", cdt, body=sq_dev, name_node=node)
     variance = _div(m2, float(max(n - correction, 0)), out0.dtype, node)
     if node.target is aten.var_mean.correction:
-        mean_out = _div(reduce(lw, x, rdims, keepdim, "sum", cdt, name_node=node), float(n), out0.dtype, node)
+        mean_out = _div(total, float(n), out0.dtype, node)
+        if not keepdim:  # the keepdim sum serves both: drop its size-1 dims
+            kept = [k for k in range(ndim) if k not in rdims]
+            mean_out = make_view(mean_out, [x.size[k] for k in kept], _unsqueeze_at(rdims, kept, ndim))
         return [variance, mean_out]
     return variance
+
+
+def _unsqueeze_at(rdims, kept, ndim):
+    def reindex(idx):
+        out = [Expr.of(0)] * ndim
+        for j, k in enumerate(kept):
+            out[k] = idx[j]
+        return out
+    return reindex
 
 
 def _count(x, dims):

@@ -89,6 +89,17 @@ def test_rms_norm_inplace_leftover_is_functionalized():
     assert not mutating, traced.code
 
 
+def test_label_smoothing_masked_fill_leftover_is_decomposed():
+    # cross_entropy(label_smoothing=...) reaches make_fx with masked_fill_ on an intermediate.
+    def f(x, t):
+        return F.cross_entropy(x, t, label_smoothing=0.1)
+
+    x, t = torch.randn(4, 5), torch.tensor([1, -100, 3, 0])
+    traced = trace_inference(torch.fx.symbolic_trace(f), [x, t])
+    assert_core_only(traced)
+    torch.testing.assert_close(traced(x, t), f(x, t))
+
+
 def test_input_mutation_is_a_trailing_copy_into_the_placeholder():
     def f(x, y):
         x.add_(1)

@@ -49,11 +49,12 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
 
     with torch.no_grad(), _real_constants_allowed(fake_mode):
         traced = _make_fx(torch.func.functionalize(run_graph, remove="mutations"), fake_inputs, symbolic)
-        if _functionalize_leftover_inplace(traced):
-            # The out-of-place replacements may themselves have decompositions.
+        rewritten = _functionalize_leftover_inplace(traced)
+        if any(op in DECOMPOSITIONS for op in rewritten):
+            # e.g. masked_fill_ became masked_fill, which decomposes to where: trace again.
             traced = _make_fx(torch.fx.Interpreter(traced).run, fake_inputs, symbolic)
     traced.graph.eliminate_dead_code()
-    _add_get_attr_meta(traced, fake_mode)
+    _add_missing_input_meta(traced, fake_inputs, fake_mode)
     traced.recompile()
     _check_meta(traced)
     return traced
@@ -99,8 +100,9 @@ def _is_symbolic(x) -> bool:
     return False
 
 
-def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> int:
-    """Rewrite in-place ops on intermediates into their out-of-place form; returns how many.
+def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
+    """Rewrite in-place ops on intermediates into their out-of-place form; returns the
+    out-of-place overloads it introduced.
 
     Composite (CompositeImplicitAutograd) kernels such as rms_norm (``mean(...).add_(eps)``)
     and cross_entropy with label smoothing (``masked_fill_``) reach make_fx with their
@@ -109,7 +111,7 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> int:
     ``y = op(x, ...)`` and later readers of ``x`` read ``y``. Mutations of graph inputs
     (copy_ into a placeholder) and of anything that has views are left untouched.
     """
-    rewritten = 0
+    rewritten = []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
         functional = _out_of_place_overload(node)
@@ -127,7 +129,7 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> int:
         for user in later_readers:
             user.replace_input_with(mutated, replacement)
         gm.graph.erase_node(node)
-        rewritten += 1
+        rewritten.append(functional)
     if rewritten:
         gm.recompile()
     return rewritten
@@ -161,7 +163,12 @@ def _has_views(node: torch.fx.Node, mutation: torch.fx.Node) -> bool:
     )
 
 
-def _add_get_attr_meta(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+def _add_missing_input_meta(gm: torch.fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode) -> None:
+    """make_fx leaves meta['val'] off python-int placeholders (they are specialised) and
+    off get_attr constants; fill both in so every input-like node carries one."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, fake_inputs):
+        node.meta.setdefault("val", value)
     for node in gm.graph.nodes:
         if node.op == "get_attr" and "val" not in node.meta:
             value = getattr(gm, node.target)

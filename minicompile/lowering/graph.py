@@ -172,8 +172,7 @@ class GraphLowering:
 
     def _output(self, node):
         (outs,) = node.args
-        flat = outs if isinstance(outs, (list, tuple)) else [outs]
-        for out in flat:
+        for out in pytree.tree_leaves(outs):  # the pipeline restores the structure
             if isinstance(out, torch.fx.Node):
                 value = self.env[out]
                 if isinstance(value, TensorValue):

@@ -231,6 +231,9 @@ class CppKernel:
             pre.append(f"{CTYPE[dt]} {acc} = {_init(kind, dt)};")
             if kind in ("argmax", "argmin"):
                 pre.append(f"int64_t {acc}_idx = 0;")
+            if kind in ("max", "min") and dt.is_floating_point and not inner_parallel:
+                pre.append(f"int {acc}_nan = 0;")
+                post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
         inner_lines = []
         loop_locals = dict(locals_)
         ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter)
@@ -247,6 +250,13 @@ class CppKernel:
                     better = ">" if kind == "argmax" else "<"
                     inner_lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
                                        f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
+                elif kind in ("max", "min") and not inner_parallel:
+                    # plain compare-select vectorises (omp max/min); a NaN is tracked on the side
+                    tmp = ops._tmp(dt, v)
+                    cmp = ">" if kind == "max" else "<"
+                    inner_lines.append(f"{acc} = {acc} {cmp} {tmp} ? {acc} : {tmp};")
+                    if dt.is_floating_point:
+                        inner_lines.append(f"{acc}_nan |= ({tmp} != {tmp});")
                 else:
                     inner_lines.append(f"{acc} = {_combine(kind, acc, v)};")
             else:
@@ -265,9 +275,18 @@ class CppKernel:
             else:
                 ptr = self.storage.get(n.name, n.name)
                 post.append(f"{ptr}[{_R.render(where)}] = {_store_cast(result, n.dtype)};")
-        simd = bool(reds) and all(n.data.reduction_type in SIMD_CLAUSE for n in reds) or not reds
-        clause = " ".join(f"reduction({SIMD_CLAUSE[n.data.reduction_type]}:{accs[n.name][0]})" for n in reds
-                          if n.data.reduction_type in SIMD_CLAUSE)
+        simd = all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min") for n in reds)
+        clauses = []
+        for n in reds:
+            acc, dt = accs[n.name]
+            kind = n.data.reduction_type
+            if kind in SIMD_CLAUSE:
+                clauses.append(f"reduction({SIMD_CLAUSE[kind]}:{acc})")
+            elif kind in ("max", "min"):
+                clauses.append(f"reduction({kind}:{acc})")
+                if dt.is_floating_point:
+                    clauses.append(f"reduction(|:{acc}_nan)")
+        clause = " ".join(clauses)
         if inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
         headers = []

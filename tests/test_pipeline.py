@@ -52,7 +52,8 @@ def test_sibling_reductions_share_a_kernel():
 def test_fused_intermediates_are_not_materialized():
     c = check(lambda x: torch.softmax(x * 3, -1) + 1, torch.randn(8, 32))
     kernel = c.schedule.kernels[0]
-    assert len([n for n in kernel.nodes if n.name not in kernel.local]) == 1  # only the output
+    stored = [n for n in kernel.nodes if n.name not in kernel.local and n.name not in kernel.scratch]
+    assert len(stored) == 1  # only the output reaches memory
     assert c.wrapper_source.count("empty_strided(") == 1
 
 

@@ -40,6 +40,7 @@ class CppOps:
     lines: list = field(default_factory=list)
     counter: list = field(default_factory=lambda: [0])
     cse: dict = field(default_factory=dict)
+    scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
         key = (expr, ctype_dtype)
@@ -57,6 +58,8 @@ class CppOps:
             where, value = self.locals[name]
             assert where == index, f"local {name} read at {index}, written at {where}"
             return value
+        if name in self.scratch:
+            return self._tmp(compute_dtype(dtype), self.scratch[name])
         ptr = self.storage.get(name, name)
         raw = f"{ptr}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
@@ -141,11 +144,11 @@ class CppKernel:
         seen = {}
         for n in self.k.nodes:
             for r in self.k.reads(n):
-                if r.name in self.k.local:
+                if r.name in self.k.local or r.name in self.k.scratch:
                     continue
                 ptr = self.storage.get(r.name, r.name)
                 seen.setdefault(ptr, [self.buffers[r.name].dtype, False])
-            if n.name not in self.k.local:
+            if n.name not in self.k.local and n.name not in self.k.scratch:
                 ptr = self.storage.get(n.name, n.name)
                 seen.setdefault(ptr, [n.dtype, True])[1] = True
         return [(p, dt, w) for p, (dt, w) in seen.items()]
@@ -200,9 +203,16 @@ class CppKernel:
         """Statements for one outer point: the stages in order."""
         k = self.k
         lines, locals_ = [], {}
+        flat = _R.render(_flat(k.inner_vars, k.inner_ranges))
+        self.scratch = {}
+        for n in k.nodes:
+            if n.name in k.scratch:  # a row computed in one loop and read by a later one
+                dt = compute_dtype(n.dtype)
+                lines.append(f"{CTYPE[dt]} {n.name}_row[{k.inner_numel}];")
+                self.scratch[n.name] = f"{n.name}_row[{flat}]"
         for stage in k.stages:
             if stage.kind == "scalar":
-                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter)
+                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch)
                 for n in stage.nodes:
                     index, _ = k.node_index(n)
                     value = n.data.body(ops, index)
@@ -215,6 +225,9 @@ class CppKernel:
         where = self.k.store_index(n)
         if n.name in self.k.local:
             locals_[n.name] = (where, value)
+        elif n.name in self.k.scratch:
+            ops.lines.append(f"{self.scratch[n.name]} = {value};")
+            locals_[n.name] = (where, value)  # readers in this same loop use the register
         else:
             ptr = self.storage.get(n.name, n.name)
             ops.lines.append(f"{ptr}[{_R.render(where)}] = {_store_cast(value, n.dtype)};")
@@ -236,7 +249,7 @@ class CppKernel:
                 post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
         inner_lines = []
         loop_locals = dict(locals_)
-        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter)
+        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch)
         for n in stage.nodes:
             index, rindex = k.node_index(n)
             if isinstance(n.data, Reduction):

@@ -18,7 +18,7 @@ from minicompile.config import config
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
                                   contiguous_strides, iteration_vars)
-from minicompile.ir.ops import SUPPORTED_DTYPES, RecordOps
+from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import LOWERINGS, Unsupported
 
 
@@ -40,6 +40,7 @@ class GraphLowering:
     outputs: list = field(default_factory=list)        # StorageView | python value, per output
     externs: list = field(default_factory=list)        # ExternRecord
     sources: dict = field(default_factory=dict)        # FX node name -> user source line
+    compute_expensive_once: bool = False                # realize transcendental values read twice
     env: dict = field(default_factory=dict)
     _counter: int = 0
 
@@ -137,7 +138,11 @@ class GraphLowering:
         if not isinstance(value, Lazy):
             return value
         users = len(node.users)
-        if users > config.realize_reads_threshold or (users > 1 and _op_count(value) > config.realize_opcount_threshold):
+        if users <= 1:
+            return value
+        rec = _record(value)
+        if (users > config.realize_reads_threshold or rec.op_count > config.realize_opcount_threshold
+                or (self.compute_expensive_once and rec.ops_used & TRANSCENDENTAL)):
             return self.realize_as_node(value, node)
         return value
 
@@ -250,7 +255,7 @@ def _unsupported_dtype(node):
     return None
 
 
-def _op_count(value: Lazy) -> int:
+def _record(value: Lazy) -> RecordOps:
     rec = RecordOps()
     value.loader()(rec, iteration_vars(value.size))
-    return rec.op_count
+    return rec

@@ -74,6 +74,7 @@ class FusedKernel:
     inner_ranges: tuple
     stages: list = field(default_factory=list)
     local: set = field(default_factory=set)      # buffer names kept in registers, never stored
+    scratch: set = field(default_factory=set)    # per-row values kept in a row-sized scratch array
     level: dict = field(default_factory=dict)    # name -> "outer" | "inner" | "reduction"
 
     def __post_init__(self):

@@ -17,6 +17,7 @@ from minicompile.config import config
 from minicompile.ir.expr import Expr, Indirect
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
+from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
 
@@ -203,7 +204,7 @@ class CppKernel:
         """Statements for one outer point: the stages in order."""
         k = self.k
         lines, locals_ = [], {}
-        flat = _R.render(_flat(k.inner_vars, k.inner_ranges))
+        flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
         self.scratch = {}
         for n in k.nodes:
             if n.name in k.scratch:  # a row computed in one loop and read by a later one
@@ -259,7 +260,7 @@ class CppKernel:
                 kind = n.data.reduction_type
                 v = f"static_cast<{CTYPE[dt]}>({v})"
                 if kind in ("argmax", "argmin"):
-                    flat = _R.render(_flat(k.inner_vars, k.inner_ranges))
+                    flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
                     better = ">" if kind == "argmax" else "<"
                     inner_lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
                                        f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
@@ -335,14 +336,6 @@ class CppKernel:
         out.append("    }")
         out.append("}")
         return out
-
-
-def _flat(variables, ranges) -> Expr:
-    flat, acc = Expr.of(0), 1
-    for v, s in reversed(list(zip(variables, ranges))):
-        flat = flat + Expr.of(v) * acc
-        acc *= s
-    return flat
 
 
 def _store_cast(value: CV, dtype: torch.dtype) -> str:

@@ -63,32 +63,25 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
     return StorageView.whole(buf)
 
 
-def _acc_dtype(dtype):
-    return compute_dtype(dtype)
+def _accumulate(kind):
+    """sum/prod: accumulate in the result's compute dtype (fp32 for bf16/fp16), cast back once."""
+    def lower(lw, node, x, dims=None, keepdim=False, *, dtype=None):
+        out = node.meta["val"]
+        if dtype is not None or out.dtype != x.dtype:
+            x = _cast(x, out.dtype)
+        acc = reduce(lw, x, dims, keepdim, kind, compute_dtype(out.dtype), node=node)
+        return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
+    return lower
 
 
-@register_lowering([aten.sum.dim_IntList, aten.sum.default])
-def sum_(lw, node, x, dims=None, keepdim=False, *, dtype=None):
-    out = node.meta["val"]
-    if dtype is not None or out.dtype != x.dtype:
-        x = _cast(x, out.dtype)
-    acc = reduce(lw, x, dims, keepdim, "sum", _acc_dtype(out.dtype), node=node)
-    return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
-
-
-@register_lowering([aten.prod.default, aten.prod.dim_int])
-def prod_(lw, node, x, dim=None, keepdim=False, *, dtype=None):
-    out = node.meta["val"]
-    if dtype is not None or out.dtype != x.dtype:
-        x = _cast(x, out.dtype)
-    acc = reduce(lw, x, dim, keepdim, "prod", _acc_dtype(out.dtype), node=node)
-    return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
+register_lowering([aten.sum.dim_IntList, aten.sum.default])(_accumulate("sum"))
+register_lowering([aten.prod.default, aten.prod.dim_int])(_accumulate("prod"))
 
 
 def _minmax(kind):
     def lower(lw, node, x, dims=(), keepdim=False):
         out = node.meta["val"]
-        acc = reduce(lw, x, dims, keepdim, kind, _acc_dtype(out.dtype), node=node)
+        acc = reduce(lw, x, dims, keepdim, kind, compute_dtype(out.dtype), node=node)
         return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
     return lower
 

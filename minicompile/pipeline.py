@@ -77,11 +77,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     out_spec = _output_spec(gm)
     aten_gm = trace_inference(gm, example_inputs)
     stamp("trace")
-    lowered = GraphLowering(aten_gm, sources=_sources(aten_gm)).run()
+    backend = BACKENDS[_pick_backend(aten_gm)]
+    row_scratch = getattr(backend, "row_scratch", False)
+    lowered = GraphLowering(aten_gm, sources=_sources(aten_gm), compute_expensive_once=row_scratch).run()
     stamp("lower")
-    plan = schedule(lowered)
+    plan = schedule(lowered, row_scratch=row_scratch)
     stamp("schedule")
-    backend = BACKENDS[_pick_backend(lowered)]
     storage = {b.name: b.mutates for b in lowered.buffers if isinstance(b, ComputedBuffer) and b.mutates}
     buffers = {b.name: b for b in lowered.buffers}
     buffers.update({b.name: b for b in lowered.inputs})
@@ -100,10 +101,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     return compiled
 
 
-def _pick_backend(lowered) -> str:
+def _pick_backend(gm: torch.fx.GraphModule) -> str:
     """CUDA tensors -> Triton; CPU tensors -> C++ (or Triton when config.cpu_backend says so)."""
-    devices = {b.layout.device.type for b in lowered.buffers if b.layout is not None}
-    devices |= {b.layout.device.type for b in lowered.inputs}
+    devices = {v.device.type for n in gm.graph.nodes for v in pytree.tree_leaves(n.meta.get("val"))
+               if isinstance(v, torch.Tensor)}
     if "cuda" in devices or config.cpu_backend == "triton":
         if "triton" not in BACKENDS:
             raise NotImplementedError("this graph needs the Triton code generator, which is not available")

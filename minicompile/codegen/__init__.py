@@ -3,6 +3,7 @@
 A backend is an object with
     name: str
     pass_pointers: bool      wrapper passes ``t.data_ptr()`` (True) or the tensors (False)
+    row_scratch: bool        keeps per-row values read by a later loop in a row-sized array
     generate(schedule, buffers, storage, sources) -> GeneratedKernels
     load(generated) -> object with one callable attribute per kernel name
 registered in BACKENDS under its name. The pipeline picks one by device and config.
@@ -25,6 +26,7 @@ class GeneratedKernels:
 class CppBackend:
     name = "cpp"
     pass_pointers = True
+    row_scratch = True
 
     def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
         kernels = {k.name: CppKernel(k, buffers, storage, sources) for k in schedule.kernels}

@@ -17,6 +17,7 @@ from minicompile.config import config
 from minicompile.ir.expr import Expr, Indirect
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
+from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
 
@@ -40,6 +41,7 @@ class CppOps:
     lines: list = field(default_factory=list)
     counter: list = field(default_factory=lambda: [0])
     cse: dict = field(default_factory=dict)
+    scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
         key = (expr, ctype_dtype)
@@ -57,6 +59,8 @@ class CppOps:
             where, value = self.locals[name]
             assert where == index, f"local {name} read at {index}, written at {where}"
             return value
+        if name in self.scratch:
+            return self._tmp(compute_dtype(dtype), self.scratch[name])
         ptr = self.storage.get(name, name)
         raw = f"{ptr}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
@@ -141,11 +145,11 @@ class CppKernel:
         seen = {}
         for n in self.k.nodes:
             for r in self.k.reads(n):
-                if r.name in self.k.local:
+                if r.name in self.k.local or r.name in self.k.scratch:
                     continue
                 ptr = self.storage.get(r.name, r.name)
                 seen.setdefault(ptr, [self.buffers[r.name].dtype, False])
-            if n.name not in self.k.local:
+            if n.name not in self.k.local and n.name not in self.k.scratch:
                 ptr = self.storage.get(n.name, n.name)
                 seen.setdefault(ptr, [n.dtype, True])[1] = True
         return [(p, dt, w) for p, (dt, w) in seen.items()]
@@ -200,9 +204,16 @@ class CppKernel:
         """Statements for one outer point: the stages in order."""
         k = self.k
         lines, locals_ = [], {}
+        flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
+        self.scratch = {}
+        for n in k.nodes:
+            if n.name in k.scratch:  # a row computed in one loop and read by a later one
+                dt = compute_dtype(n.dtype)
+                lines.append(f"{CTYPE[dt]} {n.name}_row[{k.inner_numel}];")
+                self.scratch[n.name] = f"{n.name}_row[{flat}]"
         for stage in k.stages:
             if stage.kind == "scalar":
-                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter)
+                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch)
                 for n in stage.nodes:
                     index, _ = k.node_index(n)
                     value = n.data.body(ops, index)
@@ -215,6 +226,9 @@ class CppKernel:
         where = self.k.store_index(n)
         if n.name in self.k.local:
             locals_[n.name] = (where, value)
+        elif n.name in self.k.scratch:
+            ops.lines.append(f"{self.scratch[n.name]} = {value};")
+            locals_[n.name] = (where, value)  # readers in this same loop use the register
         else:
             ptr = self.storage.get(n.name, n.name)
             ops.lines.append(f"{ptr}[{_R.render(where)}] = {_store_cast(value, n.dtype)};")
@@ -231,9 +245,12 @@ class CppKernel:
             pre.append(f"{CTYPE[dt]} {acc} = {_init(kind, dt)};")
             if kind in ("argmax", "argmin"):
                 pre.append(f"int64_t {acc}_idx = 0;")
+            if kind in ("max", "min") and dt.is_floating_point and not inner_parallel:
+                pre.append(f"int {acc}_nan = 0;")
+                post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
         inner_lines = []
         loop_locals = dict(locals_)
-        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter)
+        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch)
         for n in stage.nodes:
             index, rindex = k.node_index(n)
             if isinstance(n.data, Reduction):
@@ -243,10 +260,17 @@ class CppKernel:
                 kind = n.data.reduction_type
                 v = f"static_cast<{CTYPE[dt]}>({v})"
                 if kind in ("argmax", "argmin"):
-                    flat = _R.render(_flat(k.inner_vars, k.inner_ranges))
+                    flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
                     better = ">" if kind == "argmax" else "<"
                     inner_lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
                                        f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
+                elif kind in ("max", "min") and not inner_parallel:
+                    # plain compare-select vectorises (omp max/min); a NaN is tracked on the side
+                    tmp = ops._tmp(dt, v)
+                    cmp = ">" if kind == "max" else "<"
+                    inner_lines.append(f"{acc} = {acc} {cmp} {tmp} ? {acc} : {tmp};")
+                    if dt.is_floating_point:
+                        inner_lines.append(f"{acc}_nan |= ({tmp} != {tmp});")
                 else:
                     inner_lines.append(f"{acc} = {_combine(kind, acc, v)};")
             else:
@@ -265,9 +289,18 @@ class CppKernel:
             else:
                 ptr = self.storage.get(n.name, n.name)
                 post.append(f"{ptr}[{_R.render(where)}] = {_store_cast(result, n.dtype)};")
-        simd = bool(reds) and all(n.data.reduction_type in SIMD_CLAUSE for n in reds) or not reds
-        clause = " ".join(f"reduction({SIMD_CLAUSE[n.data.reduction_type]}:{accs[n.name][0]})" for n in reds
-                          if n.data.reduction_type in SIMD_CLAUSE)
+        simd = all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min") for n in reds)
+        clauses = []
+        for n in reds:
+            acc, dt = accs[n.name]
+            kind = n.data.reduction_type
+            if kind in SIMD_CLAUSE:
+                clauses.append(f"reduction({SIMD_CLAUSE[kind]}:{acc})")
+            elif kind in ("max", "min"):
+                clauses.append(f"reduction({kind}:{acc})")
+                if dt.is_floating_point:
+                    clauses.append(f"reduction(|:{acc}_nan)")
+        clause = " ".join(clauses)
         if inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
         headers = []
@@ -303,14 +336,6 @@ class CppKernel:
         out.append("    }")
         out.append("}")
         return out
-
-
-def _flat(variables, ranges) -> Expr:
-    flat, acc = Expr.of(0), 1
-    for v, s in reversed(list(zip(variables, ranges))):
-        flat = flat + Expr.of(v) * acc
-        acc *= s
-    return flat
 
 
 def _store_cast(value: CV, dtype: torch.dtype) -> str:

@@ -66,7 +66,7 @@ class WrapperCode:
         for step_no, step in enumerate(self.schedule.steps):
             if isinstance(step, FusedKernel):
                 for n in step.nodes:
-                    if n.name not in step.local and not n.mutates:
+                    if n.name not in step.local and n.name not in step.scratch and not n.mutates:
                         L.append(self._alloc(n, pool, outputs))
                 ptrs = ", ".join(f"{p}{self.suffix}" for p in self.kernel_args[step.name])
                 L.append(f"{step.name}({ptrs})")

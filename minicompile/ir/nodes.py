@@ -190,6 +190,7 @@ class ReindexView(TensorValue):
     base: TensorValue
     size: tuple
     reindex: Callable  # reindex(index) -> base index
+    origins: list = field(default_factory=list)
 
     @property
     def dtype(self):

@@ -40,6 +40,12 @@ SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16,
                     torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}
 
 
+# Ops that cost far more than a load: a value using one is computed once, not per reader.
+TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
+                  "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+                  "sigmoid", "pow", "atan2"}
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return COMPUTE_DTYPE.get(dtype, dtype)
 
@@ -89,6 +95,7 @@ class RecordOps:
     """Collects the buffers a body reads and the index of each read; computes nothing."""
     reads: list = field(default_factory=list)
     op_count: int = 0
+    ops_used: set = field(default_factory=set)
 
     def load(self, name, index, dtype):
         self.reads.append(Read(name, index))
@@ -105,6 +112,7 @@ class RecordOps:
 
     def pointwise(self, op, *args, dtype):
         self.op_count += 1
+        self.ops_used.add(op)
         return None
 
     def indirect(self, x, size):

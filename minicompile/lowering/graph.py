@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
 from minicompile.config import config
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
                                   contiguous_strides, iteration_vars)
-from minicompile.ir.ops import SUPPORTED_DTYPES, RecordOps
+from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import LOWERINGS, Unsupported
 
 
@@ -39,6 +40,7 @@ class GraphLowering:
     outputs: list = field(default_factory=list)        # StorageView | python value, per output
     externs: list = field(default_factory=list)        # ExternRecord
     sources: dict = field(default_factory=dict)        # FX node name -> user source line
+    compute_expensive_once: bool = False                # realize transcendental values read twice
     env: dict = field(default_factory=dict)
     _counter: int = 0
 
@@ -63,7 +65,8 @@ class GraphLowering:
         if layout is None:
             layout = Layout(size, contiguous_strides(size), 0, value.dtype, value.device)
         assert tuple(layout.size) == size, (layout.size, size)
-        buf = ComputedBuffer(self.new_name(), layout, list(origins or getattr(value, "origins", [])),
+        names = list(dict.fromkeys(list(getattr(value, "origins", [])) + list(origins or [])))
+        buf = ComputedBuffer(self.new_name(), layout, names,
                              data=Pointwise(size, value.loader()))
         self.register(buf)
         return StorageView.whole(buf)
@@ -125,6 +128,7 @@ class GraphLowering:
         if reason is None:
             try:
                 value = lowering(self, node, *args, **kwargs)
+                _record_origins(value, node, args)
                 return self._maybe_realize(value, node)
             except Unsupported as e:
                 reason = str(e)
@@ -134,7 +138,11 @@ class GraphLowering:
         if not isinstance(value, Lazy):
             return value
         users = len(node.users)
-        if users > config.realize_reads_threshold or (users > 1 and _op_count(value) > config.realize_opcount_threshold):
+        if users <= 1:
+            return value
+        rec = _record(value)
+        if (users > config.realize_reads_threshold or rec.op_count > config.realize_opcount_threshold
+                or (self.compute_expensive_once and rec.ops_used & TRANSCENDENTAL)):
             return self.realize_as_node(value, node)
         return value
 
@@ -169,8 +177,7 @@ class GraphLowering:
 
     def _output(self, node):
         (outs,) = node.args
-        flat = outs if isinstance(outs, (list, tuple)) else [outs]
-        for out in flat:
+        for out in pytree.tree_leaves(outs):  # the pipeline restores the structure
             if isinstance(out, torch.fx.Node):
                 value = self.env[out]
                 if isinstance(value, TensorValue):
@@ -192,6 +199,17 @@ class GraphLowering:
                 if view.buffer.layout.storage_numel() >= _view_extent(view):
                     return view
         return self.realize_as_node(value, node)
+
+
+def _record_origins(value, node, args) -> None:
+    """A lazy value remembers every FX node inlined into it, for kernel header comments."""
+    if not isinstance(value, (Lazy, ReindexView)):
+        return
+    names = []
+    for leaf in pytree.tree_leaves(args):
+        if isinstance(leaf, (Lazy, ReindexView)):
+            names += leaf.origins
+    value.origins = list(dict.fromkeys(names + [node.name]))
 
 
 def _view_root(value, node):
@@ -237,7 +255,7 @@ def _unsupported_dtype(node):
     return None
 
 
-def _op_count(value: Lazy) -> int:
+def _record(value: Lazy) -> RecordOps:
     rec = RecordOps()
     value.loader()(rec, iteration_vars(value.size))
-    return rec.op_count
+    return rec

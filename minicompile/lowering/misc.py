@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from minicompile.ir.expr import Expr
-from minicompile.ir.nodes import ComputedBuffer, InputBuffer, Lazy, Pointwise, StorageView, iteration_vars
+from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
+                                  iteration_vars)
 from minicompile.ir.ops import RecordOps, compute_dtype
 from minicompile.lowering.pointwise import broadcast_loader
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -168,6 +169,8 @@ def copy_(lw, node, dst, src, non_blocking=False):
     if not (isinstance(dst, StorageView) and isinstance(dst.buffer, InputBuffer) and dst.is_whole()):
         raise Unsupported("copy_ into something other than a whole graph input")
     target = dst.buffer
+    _realize_readers_of(lw, target, node)
+    src = lw.env[node.args[1]] if isinstance(node.args[1], torch.fx.Node) else src
     load = broadcast_loader(src, tuple(dst.size))
     value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
     if _reads_elsewhere(value, target):
@@ -180,9 +183,41 @@ def copy_(lw, node, dst, src, non_blocking=False):
     return StorageView.whole(buf)
 
 
+def _realize_readers_of(lw, target: InputBuffer, mutation) -> None:
+    """Values still to be read after this mutation must see the old contents: compute them now."""
+    for fx_node, value in list(lw.env.items()):
+        if isinstance(value, (Lazy, ReindexView)) and set(fx_node.users) - {mutation} and _reads(value, target):
+            lw.env[fx_node] = lw.realize_as_node(value, fx_node)
+
+
+def _reads(value, target) -> bool:
+    rec = RecordOps()
+    value.loader()(rec, iteration_vars(value.size))
+    return any(r.name == target.name for r in rec.reads)
+
+
 def _reads_elsewhere(value, target: InputBuffer) -> bool:
     rec = RecordOps()
     idx = iteration_vars(value.size)
     value.loader()(rec, idx)
     here = target.layout.index(idx)
     return any(r.name == target.name and r.index != here for r in rec.reads)
+
+
+def _triangle(upper: bool):
+    def lower(lw, node, x, diagonal=0):
+        load, n = x.loader(), len(x.size)
+        zero = 0 if x.dtype != torch.bool else False
+
+        def body(ops, idx):
+            row = ops.index_expr(idx[n - 2], torch.int64)
+            col = ops.index_expr(Expr.of(idx[n - 1]) - diagonal, torch.int64)
+            keep = ops.pointwise("ge" if upper else "le", col, row, dtype=torch.bool)
+            return ops.pointwise("where", keep, load(ops, idx), ops.constant(zero, compute_dtype(x.dtype)),
+                                 dtype=compute_dtype(x.dtype))
+        return Lazy(x.dtype, x.device, tuple(x.size), body, [node.name])
+    return lower
+
+
+register_lowering(aten.tril.default)(_triangle(upper=False))
+register_lowering(aten.triu.default)(_triangle(upper=True))

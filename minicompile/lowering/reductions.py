@@ -12,7 +12,7 @@ from minicompile.ir.expr import Expr
 from minicompile.ir.nodes import ComputedBuffer, Layout, Lazy, Reduction, StorageView, contiguous_strides, prod
 from minicompile.ir.ops import compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
-from minicompile.lowering.views import view
+from minicompile.lowering.views import make_view, view
 
 
 def _norm_dims(dims, ndim):
@@ -57,38 +57,31 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
     else:
         layout = Layout(out_size, contiguous_strides(out_size), 0, out_dtype, x.device)
     data = Reduction(out_size, red_size, reduction_type, default_body if body is None else custom_body, src_dtype)
-    buf = ComputedBuffer(lw.new_name(), layout, [(name_node or node).name] if (name_node or node) is not None else [],
-                         data=data)
+    names = list(getattr(x, "origins", [])) + ([(name_node or node).name] if (name_node or node) is not None else [])
+    buf = ComputedBuffer(lw.new_name(), layout, list(dict.fromkeys(names)), data=data)
     lw.register(buf)
     return StorageView.whole(buf)
 
 
-def _acc_dtype(dtype):
-    return compute_dtype(dtype)
+def _accumulate(kind):
+    """sum/prod: accumulate in the result's compute dtype (fp32 for bf16/fp16), cast back once."""
+    def lower(lw, node, x, dims=None, keepdim=False, *, dtype=None):
+        out = node.meta["val"]
+        if dtype is not None or out.dtype != x.dtype:
+            x = _cast(x, out.dtype)
+        acc = reduce(lw, x, dims, keepdim, kind, compute_dtype(out.dtype), node=node)
+        return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
+    return lower
 
 
-@register_lowering([aten.sum.dim_IntList, aten.sum.default])
-def sum_(lw, node, x, dims=None, keepdim=False, *, dtype=None):
-    out = node.meta["val"]
-    if dtype is not None or out.dtype != x.dtype:
-        x = _cast(x, out.dtype)
-    acc = reduce(lw, x, dims, keepdim, "sum", _acc_dtype(out.dtype), node=node)
-    return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
-
-
-@register_lowering([aten.prod.default, aten.prod.dim_int])
-def prod_(lw, node, x, dim=None, keepdim=False, *, dtype=None):
-    out = node.meta["val"]
-    if dtype is not None or out.dtype != x.dtype:
-        x = _cast(x, out.dtype)
-    acc = reduce(lw, x, dim, keepdim, "prod", _acc_dtype(out.dtype), node=node)
-    return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
+register_lowering([aten.sum.dim_IntList, aten.sum.default])(_accumulate("sum"))
+register_lowering([aten.prod.default, aten.prod.dim_int])(_accumulate("prod"))
 
 
 def _minmax(kind):
     def lower(lw, node, x, dims=(), keepdim=False):
         out = node.meta["val"]
-        acc = reduce(lw, x, dims, keepdim, kind, _acc_dtype(out.dtype), node=node)
+        acc = reduce(lw, x, dims, keepdim, kind, compute_dtype(out.dtype), node=node)
         return _cast(acc, out.dtype, node) if acc.dtype != out.dtype else acc
     return lower
 
@@ -165,9 +158,21 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
     m2 = reduce(lw, x, rdims, keepdim, "sum", cdt, body=sq_dev, name_node=node)
     variance = _div(m2, float(max(n - correction, 0)), out0.dtype, node)
     if node.target is aten.var_mean.correction:
-        mean_out = _div(reduce(lw, x, rdims, keepdim, "sum", cdt, name_node=node), float(n), out0.dtype, node)
+        mean_out = _div(total, float(n), out0.dtype, node)
+        if not keepdim:  # the keepdim sum serves both: drop its size-1 dims
+            kept = [k for k in range(ndim) if k not in rdims]
+            mean_out = make_view(mean_out, [x.size[k] for k in kept], _unsqueeze_at(rdims, kept, ndim))
         return [variance, mean_out]
     return variance
+
+
+def _unsqueeze_at(rdims, kept, ndim):
+    def reindex(idx):
+        out = [Expr.of(0)] * ndim
+        for j, k in enumerate(kept):
+            out[k] = idx[j]
+        return out
+    return reindex
 
 
 def _count(x, dims):

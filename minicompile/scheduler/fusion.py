@@ -53,7 +53,7 @@ class Schedule:
                 kind = "reduction" if s.is_reduction else "pointwise"
                 lines.append(f"{s.name}: {kind} kernel, outer {list(s.outer_ranges)} inner {list(s.inner_ranges)}")
                 for n in s.nodes:
-                    where = "local" if n.name in s.local else "stored"
+                    where = "local" if n.name in s.local else "row scratch" if n.name in s.scratch else "stored"
                     lines.append(f"    {n.name} ({s.level[n.name]}, {where}) <- FX {', '.join(n.origins)}")
             else:
                 b = s.buffer
@@ -108,14 +108,20 @@ class _Group:
         return not isinstance(self.nodes[0], ComputedBuffer)
 
 
-def schedule(lw) -> Schedule:
+# A row kept in a scratch array must fit comfortably on a thread's stack.
+ROW_SCRATCH_LIMIT = 16384
+
+
+def schedule(lw, row_scratch: bool = False) -> Schedule:
+    """Group ``lw``'s buffers into kernels. ``row_scratch``: the code generator can keep a per-row
+    value read by a later loop of the same kernel in a row-sized array instead of memory."""
     buffers = lw.buffers
     by_name = {b.name: b for b in buffers}
     reads = {b.name: buffer_reads(b) for b in buffers}
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
-    for b in buffers:  # a write into an input waits for every earlier reader of it
+    for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
-            deps[b.name] |= {o.name for o in buffers if o is not b and b.mutates in reads[o.name]}
+            deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
     ancestors = {}
     for b in buffers:
         anc = set(deps[b.name])
@@ -155,7 +161,7 @@ def schedule(lw) -> Schedule:
         kernel = g.kernel
         kernel.name = _kernel_name(len([s for s in steps if isinstance(s, FusedKernel)]), g.nodes)
         _build_stages(kernel, deps)
-        _mark_locals(kernel, buffers, reads, output_names)
+        _mark_locals(kernel, buffers, reads, output_names, row_scratch)
         steps.append(kernel)
     for b in buffers:
         for d in sorted(deps[b.name]):
@@ -225,7 +231,7 @@ def _build_stages(kernel: FusedKernel, deps):
     kernel.stages = stages
 
 
-def _mark_locals(kernel: FusedKernel, buffers, reads, output_names):
+def _mark_locals(kernel: FusedKernel, buffers, reads, output_names, row_scratch=False):
     stage_of = {n.name: k for k, st in enumerate(kernel.stages) for n in st.nodes}
     for n in kernel.nodes:
         if n.name in output_names or n.mutates:
@@ -234,6 +240,8 @@ def _mark_locals(kernel: FusedKernel, buffers, reads, output_names):
         if not all(r in stage_of for r in readers):
             continue
         if kernel.level[n.name] == "inner" and any(stage_of[r] != stage_of[n.name] for r in readers):
+            if row_scratch and 0 < kernel.inner_numel <= ROW_SCRATCH_LIMIT:
+                kernel.scratch.add(n.name)
             continue
         kernel.local.add(n.name)
 

@@ -57,8 +57,8 @@ def unflatten(flat: Expr, sizes) -> list:
         return [Expr.of(0) for _ in sizes]  # an empty space: the loop never runs, any index will do
     out, acc = [], 1
     for s in reversed([int(s) for s in sizes]):
-        out.append(Expr.of(0) if s == 1 else (flat // acc) % s)
-        acc *= s
+        out.append(Expr.of(0) if s <= 1 else (flat // acc) % s)  # size 0: the loop never runs
+        acc *= max(s, 1)
     return list(reversed(out))
 
 
@@ -76,6 +76,7 @@ class FusedKernel:
     inner_ranges: tuple
     stages: list = field(default_factory=list)
     local: set = field(default_factory=set)      # buffer names kept in registers, never stored
+    scratch: set = field(default_factory=set)    # per-row values kept in a row-sized scratch array
     level: dict = field(default_factory=dict)    # name -> "outer" | "inner" | "reduction"
 
     def __post_init__(self):

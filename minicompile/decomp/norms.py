@@ -1,0 +1,107 @@
+"""Normalisation layers in inference form: layer norm, RMS norm, batch norm (eval).
+
+All of them compute bf16/fp16 inputs in float32 like eager's kernels and cast back.
+"""
+from __future__ import annotations
+
+import torch
+
+from minicompile.decomp.precision import opmath_dtype, to_dtype, upcast
+from minicompile.decomp.registry import register_decomposition
+
+aten = torch.ops.aten
+
+
+def _trailing_dims(x, normalized_shape):
+    return list(range(x.dim() - len(normalized_shape), x.dim()))
+
+
+@register_decomposition(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    dims = _trailing_dims(input, normalized_shape)
+    x = upcast(input)
+    var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    # The saved mean/rstd come back in the input dtype on CPU, in float32 elsewhere.
+    stats_dtype = input.dtype if input.device.type == "cpu" else opmath_dtype(input.dtype)
+    return to_dtype(out, input.dtype), to_dtype(mean, stats_dtype), to_dtype(rstd, stats_dtype)
+
+
+def _rms_norm(input, normalized_shape, weight, eps):
+    dims = _trailing_dims(input, normalized_shape)
+    x = upcast(input)
+    if eps is None:
+        # Eager's default is the epsilon of the compute dtype (float32 for bf16 input).
+        eps = torch.finfo(x.dtype).eps
+    mean_sq = aten.mean.dim(aten.mul.Tensor(x, x), dims, True)
+    rstd = aten.rsqrt.default(aten.add.Scalar(mean_sq, eps))
+    out = aten.mul.Tensor(x, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    return to_dtype(out, input.dtype), rstd
+
+
+@register_decomposition(aten.rms_norm.default)
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    return _rms_norm(input, normalized_shape, weight, eps)[0]
+
+
+@register_decomposition(aten._fused_rms_norm.default)
+def fused_rms_norm(input, normalized_shape, weight, eps):
+    return _rms_norm(input, normalized_shape, weight, eps)
+
+
+def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
+    # Fold the per-channel statistics into one scale and shift, as eager's CPU kernel
+    # does: out = x * (w / sqrt(var + eps)) + (b - mean * w / sqrt(var + eps)).
+    compute = opmath_dtype(input.dtype)
+    scale = aten.rsqrt.default(aten.add.Scalar(to_dtype(running_var, compute), eps))
+    if weight is not None:
+        scale = aten.mul.Tensor(scale, to_dtype(weight, compute))
+    shift = aten.neg.default(aten.mul.Tensor(to_dtype(running_mean, compute), scale))
+    if bias is not None:
+        shift = aten.add.Tensor(shift, to_dtype(bias, compute))
+    channel_shape = [1, input.shape[1]] + [1] * (input.dim() - 2)
+    scale = aten.view.default(scale, channel_shape)
+    shift = aten.view.default(shift, channel_shape)
+    out = aten.add.Tensor(aten.mul.Tensor(upcast(input), scale), shift)
+    # No statistics are saved in eval mode: eager returns two empty tensors, typed like
+    # the running statistics.
+    def empty():
+        return aten.empty.memory_format([0], dtype=running_mean.dtype, device=input.device)
+
+    return to_dtype(out, input.dtype), empty(), empty()
+
+
+@register_decomposition(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@register_decomposition(aten._native_batch_norm_legit.default)
+def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training:
+        return NotImplemented  # updates running stats: left as an extern call
+    return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@register_decomposition(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """What functionalization turns _native_batch_norm_legit into: the running stats come
+    back as outputs (unchanged in eval) instead of being updated in place."""
+    if training:
+        return NotImplemented
+    out, save_mean, save_rstd = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+    return out, save_mean, save_rstd, aten.clone.default(running_mean), aten.clone.default(running_var)
+
+
+@register_decomposition(aten.native_batch_norm.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training or running_mean is None or running_var is None:
+        return NotImplemented  # batch statistics / running-stat updates: extern call
+    return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)

@@ -55,3 +55,15 @@ def test_as_strided_of_input_with_storage_offset():
     x = base[5:15]
     compiled = check(lambda x: torch.as_strided(x, (2, 2), (1, 2), 0) * 2, x)
     assert any("as_strided" in e.reason for e in compiled.externs)
+
+
+def test_softmax_of_transposed_input_has_eager_strides():
+    # the softmax decomposition kept the input's permuted strides; eager returns contiguous
+    x = torch.randn(9, 6).t()
+    check(lambda x: (torch.softmax(x, 1), torch.log_softmax(x, 0)), x)
+
+
+def test_softmax_over_empty_tensor():
+    # the decomposition's amax over an empty dim raised where eager returns an empty tensor
+    x = torch.randn(0, 5, 7)
+    check(lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 1)), x)

@@ -99,19 +99,28 @@ def leaky_relu(x, negative_slope=0.01):
 def softmax(x, dim, half_to_float):
     # Eager computes low-precision softmax in float32; half_to_float keeps that result.
     xf = upcast(x)
+    if x.numel() == 0:  # amax over an empty dim raises; eager returns the empty tensor
+        return _like_eager(xf if half_to_float else x)
     shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
     e = aten.exp.default(shifted)
     out = aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True))
-    return out if half_to_float else to_dtype(out, x.dtype)
+    return _like_eager(out if half_to_float else to_dtype(out, x.dtype))
+
+
+def _like_eager(out):
+    # eager's softmax kernels allocate a contiguous result whatever the input's strides
+    return aten.clone.default(out, memory_format=torch.contiguous_format)
 
 
 @register_decomposition(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
     xf = upcast(x)
+    if x.numel() == 0:
+        return _like_eager(xf if half_to_float else x)
     shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
     lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))
     out = aten.sub.Tensor(shifted, lse)
-    return out if half_to_float else to_dtype(out, x.dtype)
+    return _like_eager(out if half_to_float else to_dtype(out, x.dtype))
 
 
 @register_decomposition(aten._safe_softmax.default)

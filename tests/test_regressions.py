@@ -67,3 +67,10 @@ def test_softmax_over_empty_tensor():
     # the decomposition's amax over an empty dim raised where eager returns an empty tensor
     x = torch.randn(0, 5, 7)
     check(lambda x: (torch.softmax(x, 0), torch.log_softmax(x, 1)), x)
+
+
+def test_bf16_intermediate_is_rounded_before_a_float32_op():
+    # sin(bf16) fused into maximum(float32, .) used the unrounded float32 sine (fuzzer seed 100318)
+    x = torch.randn(1, 7, 1, 7).to(torch.bfloat16)
+    y = torch.randn(1, 7, 1, 7)
+    check(lambda x, y: (torch.maximum(y, torch.sin(x)), torch.sin(x).sum(-1, dtype=torch.float32)), x, y)

@@ -147,7 +147,12 @@ class Lazy(TensorValue):
     origins: list = field(default_factory=list)
 
     def loader(self):
-        return self.body
+        if self.dtype not in (torch.bfloat16, torch.float16):
+            return self.body
+        # A narrow value is computed in float32; round it as eager does after every op, so a
+        # reader (a float32 op, a reduction) sees the bf16/fp16 value, not the wider one.
+        body, dtype = self.body, self.dtype
+        return lambda ops, index: ops.to_dtype(body(ops, index), dtype)
 
 
 @dataclass(eq=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import linecache
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,6 +31,10 @@ from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
 
 log = logging.getLogger("minicompile")
+
+# make_fx keeps global tracing state (torch.fx's patcher), so two threads cannot trace at once;
+# lowering, code generation and the C++ build after it run concurrently.
+_trace_lock = threading.Lock()
 
 
 @dataclass
@@ -75,7 +80,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
         t0 = now
 
     out_spec = _output_spec(gm)
-    aten_gm = trace_inference(gm, example_inputs)
+    with _trace_lock:
+        aten_gm = trace_inference(gm, example_inputs)
     stamp("trace")
     backend = BACKENDS[_pick_backend(aten_gm)]
     row_scratch = getattr(backend, "row_scratch", False)

@@ -1,0 +1,128 @@
+"""Robustness: concurrent compiles, corrupted cache entries, an unwritable cache directory."""
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import warnings
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from minicompile.config import patch as config_patch
+from minicompile.config import config
+from minicompile.pipeline import compile_graph
+from minicompile.runtime import cache, cpp_build
+
+
+def _compile(fn, *inputs):
+    return compile_graph(make_fx(fn, tracing_mode="fake")(*inputs), list(inputs))
+
+
+def _fn(x, y):
+    return (torch.exp(x) * y).sum(-1), torch.relu(x - y)
+
+
+def _scaled(s):
+    return lambda a, b: _fn(a * s, b)
+
+
+def test_compiling_from_several_threads(tmp_path):
+    x, y = torch.randn(6, 33), torch.randn(6, 33)
+    expected = _fn(x, y)
+    results, errors = [], []
+    graphs = {s: make_fx(_scaled(s), tracing_mode="fake")(x, y) for s in (1.0, 2.0)}
+
+    def work(k):
+        try:
+            # half the threads build the same graph (one build, shared), half a distinct one
+            scale = float(k % 2 + 1)
+            c = compile_graph(graphs[scale], [x, y])
+            results.append((scale, c(x, y)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    with config_patch(cache_dir=str(tmp_path)):
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len(results) == 6
+    for scale, out in results:
+        ref = _fn(x * scale, y)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r)
+    assert expected is not None
+
+
+SOURCE = 'extern "C" void kernel0(float* out) { out[0] = 42.0f; }\n'
+
+
+def _build_and_run(source=SOURCE):
+    import ctypes
+    path = cpp_build.build(source)
+    lib = ctypes.CDLL(path)
+    out = torch.zeros(1)
+    lib.kernel0(ctypes.c_void_p(out.data_ptr()))
+    return path, float(out[0])
+
+
+# Damage is done to an entry this process has not loaded (as when another process, a full disk
+# or a crash damaged it): rewriting a mapped library in place would crash the process itself.
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "no-checksum"])
+def test_damaged_cache_entry_is_rebuilt(tmp_path, damage):
+    source = SOURCE + f"// {damage}\n"
+    with config_patch(cache_dir=str(tmp_path)):
+        lib = cpp_build.build(source)
+        size = os.path.getsize(lib)
+        if damage == "no-checksum":
+            os.remove(lib + ".sha256")
+        else:
+            with open(lib, "r+b") as f:
+                if damage == "truncate":
+                    f.truncate(size // 2)
+                else:
+                    f.seek(size // 2)
+                    f.write(b"\xde\xad\xbe\xef" * 16)
+        assert not cache.is_valid(lib)
+        path, value = _build_and_run(source)  # rebuilt, never loaded damaged
+        assert path == lib and cache.is_valid(lib) and os.path.getsize(lib) == size
+        assert value == 42.0
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path):
+    _unwritable_case(tmp_path, make_readonly=True)
+
+
+def test_cache_dir_that_cannot_exist_falls_back_with_one_warning(tmp_path):
+    # a path under a regular file cannot be created, even by root
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    _unwritable_case(blocker / "cache", make_readonly=False)
+
+
+def _unwritable_case(path, make_readonly):
+    if make_readonly:
+        os.chmod(path, 0o500)
+    saved = cache._fallback_dir
+    cache._fallback_dir = None
+    try:
+        x, y = torch.randn(2, 7), torch.randn(2, 7)
+        with config_patch(cache_dir=str(path)), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c1 = _compile(_fn, x, y)
+            c2 = _compile(lambda a, b: _fn(a + 1, b), x, y)
+        ours = [w for w in caught if "cache directory" in str(w.message)]
+        assert len(ours) == 1, [str(w.message) for w in caught]
+        assert "MINICOMPILE_CACHE_DIR" in str(ours[0].message)
+        assert cache._fallback_dir and os.path.isdir(cache._fallback_dir)
+        torch.testing.assert_close(c1(x, y)[0], _fn(x, y)[0])
+        torch.testing.assert_close(c2(x, y)[1], _fn(x + 1, y)[1])
+    finally:
+        cache._fallback_dir = saved
+        if make_readonly:
+            os.chmod(path, 0o700)
+    assert config.cache_dir != str(path)

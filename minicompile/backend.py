@@ -9,7 +9,9 @@ import logging
 
 import torch
 
+from minicompile.config import config
 from minicompile.pipeline import compile_graph
+from minicompile.runtime import CompilerNotFound
 
 log = logging.getLogger("minicompile")
 
@@ -45,7 +47,7 @@ class PerShapeGraph:
                     for a in args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = compile_graph(self.gm, list(args))
+            fn = self.compiled[key] = compile_or_fallback(self.gm, list(args))
         return fn(*args)
 
 
@@ -58,4 +60,19 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs):
         return gm.forward
     if has_symbolic_shapes(gm, example_inputs):
         return PerShapeGraph(gm)
-    return compile_graph(gm, list(example_inputs))
+    return compile_or_fallback(gm, list(example_inputs))
+
+
+def compile_or_fallback(gm, example_inputs):
+    """A missing compiler is the user's to fix (the error says how); a compiler bug must not cost the
+    user their program: the graph runs eagerly and the warning says why."""
+    try:
+        return compile_graph(gm, example_inputs)
+    except CompilerNotFound:
+        raise
+    except Exception as e:
+        if not config.fallback_on_error:
+            raise
+        log.warning("minicompile: compiling this graph failed (%s: %s); running it eagerly. "
+                    "Set MINICOMPILE_FALLBACK=0 to raise instead.", type(e).__name__, e)
+        return gm.forward

@@ -45,6 +45,8 @@ class Config:
     realize_opcount_threshold: int = _env("MINICOMPILE_REALIZE_OPS", 30, int)
     # Turn the fusion scheduler off (one kernel per realized buffer), for debugging.
     fusion: bool = _env("MINICOMPILE_FUSION", True, bool)
+    # An internal compiler error runs the graph eagerly (with a warning) instead of raising.
+    fallback_on_error: bool = _env("MINICOMPILE_FALLBACK", True, bool)
     # Smallest loop (in elements) worth running on several OpenMP threads.
     parallel_threshold: int = _env("MINICOMPILE_PARALLEL_THRESHOLD", 32768, int)
 

@@ -4,6 +4,8 @@ import tempfile
 import pytest
 import torch
 
+# Tests see compiler errors instead of the eager fallback users get.
+os.environ.setdefault("MINICOMPILE_FALLBACK", "0")
 # Every test run builds into its own cache directory unless one is given.
 os.environ.setdefault("MINICOMPILE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "minicompile-test-cache"))
 

@@ -187,3 +187,23 @@ def test_backend_registered_without_import():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_internal_error_falls_back_to_eager_with_warning(monkeypatch, caplog):
+    from minicompile import backend
+
+    def broken(gm, inputs):
+        raise AssertionError("simulated compiler bug")
+    monkeypatch.setattr(backend, "compile_graph", broken)
+    x = torch.randn(4, 4)
+    with minicompile.patch(fallback_on_error=True), torch.no_grad():
+        fn = backend.minicompile_backend(torch.fx.symbolic_trace(lambda t: t.sin() * 2), [x])
+        torch.testing.assert_close(fn(x), x.sin() * 2)
+    assert "simulated compiler bug" in caplog.text and "running it eagerly" in caplog.text
+    with minicompile.patch(fallback_on_error=False), pytest.raises(AssertionError):
+        backend.minicompile_backend(torch.fx.symbolic_trace(lambda t: t.sin() * 2), [x])
+
+
+def test_op_returning_nothing_is_kept_as_extern():
+    a = torch.randn(3, 3) + 3 * torch.eye(3)
+    check(lambda t: torch.linalg.inv(t) * 2, a, atol=1e-4, rtol=1e-4)

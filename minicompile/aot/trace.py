@@ -177,6 +177,9 @@ def _add_missing_input_meta(gm: torch.fx.GraphModule, fake_inputs: list, fake_mo
 
 
 def _check_meta(gm: torch.fx.GraphModule) -> None:
+    for n in gm.graph.nodes:  # ops that return nothing (e.g. _linalg_check_errors) carry val=None
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and not n.target._schema.returns:
+            n.meta.setdefault("val", None)
     missing = [n.format_node() for n in gm.graph.nodes if n.op in ("placeholder", "call_function") and "val" not in n.meta]
     if missing:
         raise RuntimeError(

@@ -74,3 +74,17 @@ def test_bf16_intermediate_is_rounded_before_a_float32_op():
     x = torch.randn(1, 7, 1, 7).to(torch.bfloat16)
     y = torch.randn(1, 7, 1, 7)
     check(lambda x, y: (torch.maximum(y, torch.sin(x)), torch.sin(x).sum(-1, dtype=torch.float32)), x, y)
+
+
+def test_layer_norm_of_transposed_input_is_contiguous_like_eager():
+    # fuzzer seed 100349: eager's layer_norm kernel writes a contiguous output
+    x = torch.randn(9, 6, dtype=torch.float64).t()
+    check(lambda v: torch.nn.functional.layer_norm(v, v.shape[-1:]), x)
+
+
+def test_no_fused_multiply_add_changes_exact_cancellation():
+    # fuzzer seed 100504: with FMA contraction x*y - round(x*y) is not 0, so the variance of one
+    # element came out finite instead of NaN
+    x = torch.randn(6, 1, 7, 4, dtype=torch.float64)
+    fn = lambda v: torch.var((v - v.mean(0, keepdim=True)) * torch.rsqrt(v.var(0, keepdim=True, unbiased=False) + 1e-5), 1, keepdim=True)
+    check(fn, x)

@@ -29,7 +29,9 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
         out = aten.add.Tensor(out, bias)
     # The saved mean/rstd come back in the input dtype on CPU, in float32 elsewhere.
     stats_dtype = input.dtype if input.device.type == "cpu" else opmath_dtype(input.dtype)
-    return to_dtype(out, input.dtype), to_dtype(mean, stats_dtype), to_dtype(rstd, stats_dtype)
+    # eager's kernel writes a fresh contiguous output whatever the input's strides
+    out = aten.clone.default(to_dtype(out, input.dtype), memory_format=torch.contiguous_format)
+    return out, to_dtype(mean, stats_dtype), to_dtype(rstd, stats_dtype)
 
 
 def _rms_norm(input, normalized_shape, weight, eps):

@@ -11,9 +11,10 @@ import threading
 from minicompile.config import config
 from minicompile.runtime import cache
 
+# -ffp-contract=off: no fused multiply-adds, so x*y - x*y is exactly 0 as in eager.
 # -fno-math-errno/-fno-trapping-math and __FAST_MATH__ let glibc hand the vectoriser its SIMD
 # exp/log/sin/...; unlike -ffast-math they keep NaN and Inf semantics, which eager relies on.
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
             "-D__FAST_MATH__", "-shared", "-fPIC", "-std=c++17", "-w"]
 
 

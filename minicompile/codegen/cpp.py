@@ -193,8 +193,9 @@ class CppKernel:
                 collapse = 1
                 if size < 64 and len(dims) > 1:
                     collapse = len(dims) - 1 if simd_inner else len(dims)
-                hdr.append("#pragma omp parallel for" + (f" collapse({collapse})" if collapse > 1 else ""))
-            elif d == len(dims) - 1 and simd_inner and not (parallel and d == 0):
+                simd = " simd" if simd_inner and len(dims) == 1 else ""  # a flat loop: threads and lanes
+                hdr.append("#pragma omp parallel for" + simd + (f" collapse({collapse})" if collapse > 1 else ""))
+            elif d == len(dims) - 1 and simd_inner:
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)

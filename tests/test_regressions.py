@@ -88,3 +88,11 @@ def test_no_fused_multiply_add_changes_exact_cancellation():
     x = torch.randn(6, 1, 7, 4, dtype=torch.float64)
     fn = lambda v: torch.var((v - v.mean(0, keepdim=True)) * torch.rsqrt(v.var(0, keepdim=True, unbiased=False) + 1e-5), 1, keepdim=True)
     check(fn, x)
+
+
+def test_value_realized_for_an_extern_keeps_eager_strides():
+    # fuzzer seed 102003 (batched): an output also read by an extern call was given memory with
+    # contiguous strides instead of eager's
+    a = torch.randn(6, 1).to(torch.bfloat16).expand(6, 4)
+    b = torch.randn(4, 6).to(torch.bfloat16).t()
+    check(lambda v0, v1: (lambda s: (s, torch.cumsum(s, 0)))(torch.add(v1, v0)), a, b)

@@ -148,6 +148,13 @@ class GraphLowering:
 
     def extern(self, node, args, kwargs, reason: str):
         """Run ``node`` as an eager ATen call; tensor arguments get memory first."""
+        for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
+            value = self.env.get(n)
+            if isinstance(value, TensorValue) and not isinstance(value, StorageView):
+                self.env[n] = self.realize_as_node(value, n)
+        args = torch.fx.map_arg(node.args, lambda n: self.env[n])
+        kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
+
         def prep(a):
             if isinstance(a, TensorValue):
                 return self.realize(a)

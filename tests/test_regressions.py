@@ -96,3 +96,10 @@ def test_value_realized_for_an_extern_keeps_eager_strides():
     a = torch.randn(6, 1).to(torch.bfloat16).expand(6, 4)
     b = torch.randn(4, 6).to(torch.bfloat16).t()
     check(lambda v0, v1: (lambda s: (s, torch.cumsum(s, 0)))(torch.add(v1, v0)), a, b)
+
+
+def test_constant_row_normalizes_to_exact_zero():
+    # fuzzer seed 103623: an expanded (constant) row must have mean exactly its value, as eager's
+    # Welford kernel gives; floor() then sees 0, not -1e-8
+    x = torch.randn(1).expand(7)
+    check(lambda v: torch.floor(torch.nn.functional.layer_norm(v, v.shape[-1:])), x)

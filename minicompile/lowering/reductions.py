@@ -147,9 +147,24 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
     n = _count(x, dims)
     ndim = len(x.size)
     rdims = _norm_dims(dims, ndim)
-    total = reduce(lw, x, rdims, True, "sum", cdt, name_node=node)
-    mean_keep = _div(total, float(n), cdt, None)
-    load_x, load_m = x.loader(), mean_keep.loader()
+    # The mean is summed relative to the row's first element: a constant row then has exactly
+    # its value as mean and exactly zero variance (as eager's Welford kernels give), and large
+    # offsets cancel before they are accumulated.
+    load_x = x.loader()
+
+    def first(ops, index):
+        if n == 0:  # nothing to read: the mean is 0/0
+            return ops.constant(0.0, cdt)
+        return ops.to_dtype(load_x(ops, [Expr.of(0) if k in rdims else index[k] for k in range(ndim)]), cdt)
+
+    def shifted(ops, index):
+        return ops.pointwise("sub", ops.to_dtype(load_x(ops, index), cdt), first(ops, index), dtype=cdt)
+    total = reduce(lw, x, rdims, True, "sum", cdt, body=shifted, name_node=node)
+    load_t = total.loader()
+    mean_keep = Lazy(cdt, x.device, total.size, lambda ops, idx: ops.pointwise(
+        "add", first(ops, idx), ops.pointwise("truediv", load_t(ops, idx), ops.constant(float(n), cdt), dtype=cdt),
+        dtype=cdt))
+    load_m = mean_keep.loader()
 
     def sq_dev(ops, index):
         m_index = [Expr.of(0) if k in rdims else index[k] for k in range(ndim)]
@@ -158,7 +173,7 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
     m2 = reduce(lw, x, rdims, keepdim, "sum", cdt, body=sq_dev, name_node=node)
     variance = _div(m2, float(max(n - correction, 0)), out0.dtype, node)
     if node.target is aten.var_mean.correction:
-        mean_out = _div(total, float(n), out0.dtype, node)
+        mean_out = _cast(mean_keep, out0.dtype, node)
         if not keepdim:  # the keepdim sum serves both: drop its size-1 dims
             kept = [k for k in range(ndim) if k not in rdims]
             mean_out = make_view(mean_out, [x.size[k] for k in kept], _unsqueeze_at(rdims, kept, ndim))

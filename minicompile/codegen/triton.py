@@ -54,6 +54,7 @@ class TritonOps:
     lines: list
     known: dict                                  # buffer name -> (index Expr, TV) already in registers
     cse: dict = field(default_factory=dict)
+    mask_groups: frozenset = frozenset()         # groups every load is masked by, whatever its index
 
     def _tmp(self, dtype, expr, groups) -> TV:
         key = (expr, dtype)
@@ -74,12 +75,16 @@ class TritonOps:
                 return value
         assert name not in self.kernel.k.local, f"local {name} read at {index} outside its registers"
         groups = self.kernel.index_groups(index)
+        rendered = _R.render(index)
+        for g in sorted(self.mask_groups - groups):  # e.g. an empty row: every lane is masked off
+            rendered = f"{rendered} + 0 * {g}index"
+        groups |= self.mask_groups
         if name in self.kernel.written:
             # written earlier by this kernel at another lane: make that store visible first
             self.lines.append("tl.debug_barrier()")
         ptr = self.kernel.pointer(name)
         mask = self.kernel.mask(groups)
-        raw = f"tl.load({ptr} + ({_R.render(index)}){', ' + mask + ', other=0' if mask else ''})"
+        raw = f"tl.load({ptr} + ({rendered}){', ' + mask + ', other=0' if mask else ''})"
         if compute_dtype(dtype) != dtype:
             raw += f".to({TL[compute_dtype(dtype)]})"
         return self._tmp(compute_dtype(dtype), raw, groups)
@@ -106,6 +111,8 @@ class TritonOps:
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
         groups = frozenset().union(*(a.groups for a in args))
+        if op == "where" and args[0].dtype != torch.bool:  # lowering may hand a 0/1 number as the condition
+            args = (TV(f"({args[0]} != 0)", torch.bool, args[0].groups),) + args[1:]
         expr = template(op, operand).format(*args)
         if op not in BOOL_RESULT and operand != dtype:
             expr = f"({expr}).to({TL[dtype]})"
@@ -271,7 +278,8 @@ class TritonKernel:
                 if kind in ("argmax", "argmin"):
                     pre.append(f"{acc}_index = tl.full([XBLOCK, RBLOCK], {INT32_LIMIT}, tl.int64)")
         loop_known = dict(known)
-        ops = TritonOps(self, inner, loop_known)
+        # an empty row reads nothing, even where the index does not depend on the row
+        ops = TritonOps(self, inner, loop_known, mask_groups=frozenset({"r"}) if self.rnumel == 0 else frozenset())
         if not self.persistent:
             inner += ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
             inner += _unravel("rindex", k.inner_vars, k.inner_ranges)

@@ -230,3 +230,14 @@ def test_missing_triton_is_a_clear_error(monkeypatch):
     monkeypatch.delitem(BACKENDS, "triton")
     with pytest.raises(NotImplementedError, match="Triton"):
         compile_fn(lambda x: x + 1, torch.randn(4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_benchmark_exits_cleanly_without_cuda(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu", os.path.join(os.path.dirname(__file__), "..",
+                                                                            "benchmarks", "bench_gpu.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out

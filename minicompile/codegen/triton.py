@@ -56,6 +56,10 @@ class TritonOps:
     cse: dict = field(default_factory=dict)
     mask_groups: frozenset = frozenset()         # groups every load is masked by, whatever its index
 
+    def __post_init__(self):
+        if self.kernel.persistent:  # one row in registers: a value computed once serves every stage
+            self.cse = self.kernel.row_cse
+
     def _tmp(self, dtype, expr, groups) -> TV:
         key = (expr, dtype)
         if key in self.cse:
@@ -155,6 +159,7 @@ class TritonKernel:
         self.counter = 0
         self.groups_of = {}          # temporary name -> groups (for indirect indices)
         self.written = set()         # buffers this kernel has stored so far (while rendering)
+        self.row_cse = {}            # persistent kernels: values stay valid for the whole row
         self.reduction = kernel.is_reduction
         self.xnumel = kernel.outer_numel
         self.rnumel = kernel.inner_numel if self.reduction else 1
@@ -259,8 +264,11 @@ class TritonKernel:
         if value.dtype != n.dtype or not value.groups:
             value_text = f"{_as_tensor(value)}.to({TL[n.dtype]})"
         mask = self.mask(level_groups)
-        ops.lines.append(f"tl.store({self.pointer(n.name)} + ({index}), {value_text}, {mask})")
+        ptr = self.pointer(n.name)
+        ops.lines.append(f"tl.store({ptr} + ({index}), {value_text}, {mask})")
         self.written.add(n.name)
+        for key in [k for k in ops.cse if k[0].startswith(f"tl.load({ptr} +")]:
+            del ops.cse[key]  # the memory changed under that load
 
     # -- reductions -------------------------------------------------------------------------
     def _loop(self, stage, known) -> list:

@@ -49,6 +49,11 @@ class Config:
     fallback_on_error: bool = _env("MINICOMPILE_FALLBACK", True, bool)
     # Smallest loop (in elements) worth running on several OpenMP threads.
     parallel_threshold: int = _env("MINICOMPILE_PARALLEL_THRESHOLD", 32768, int)
+    # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
+    # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
+    triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)
+    # Triton on a GPU: time a few block sizes / num_warps per kernel and shape (cached on disk).
+    triton_autotune: bool = _env("MINICOMPILE_TRITON_AUTOTUNE", True, bool)
 
 
 config = Config()

@@ -10,9 +10,11 @@ registered in BACKENDS under its name. The pipeline picks one by device and conf
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 from minicompile.codegen.cpp import CppKernel, generate_cpp
+from minicompile.codegen.triton import TritonBackend
 from minicompile.runtime.cpp_build import load as load_cpp
 
 
@@ -40,3 +42,6 @@ class CppBackend:
 
 
 BACKENDS = {"cpp": CppBackend()}
+
+if importlib.util.find_spec("triton") is not None:  # no triton -> no backend; the pipeline says so
+    BACKENDS["triton"] = TritonBackend()

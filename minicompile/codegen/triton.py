@@ -1,0 +1,406 @@
+"""Triton code generation: every kernel of a graph in one Python module of ``@triton.jit`` kernels.
+
+A FusedKernel becomes one Triton kernel. A pointwise kernel runs one program per XBLOCK
+elements of its flat index space; a reduction kernel one program per XBLOCK rows, each row
+reduced over RBLOCK lanes at a time. When a row fits in one block (rnumel <= the persistent
+limit) the reduction is *persistent*: the whole row is in registers, there is no loop, and
+a row value computed by one stage is reused by the next. Otherwise each "loop" stage is one
+``for roffset in range(0, rnumel, RBLOCK)`` loop with running per-lane accumulators, reduced
+across lanes after the loop. Values have the shape of the loop variables they depend on:
+``[XBLOCK, 1]`` for per-row values, ``[1, RBLOCK]`` or ``[XBLOCK, RBLOCK]`` inside a row, and
+masks are built from the same variables, so loads and stores always match their masks.
+
+Loop bodies are rendered by running the IR's body functions against TritonOps, which emits
+one temporary per value, as CppOps does for C++.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minicompile.codegen.triton_ops import (BOOL_RESULT, COMBINE, PRELUDE, TL, TritonRenderer, literal,
+                                            reduction_init, template)
+from minicompile.config import config
+from minicompile.ir.expr import Expr, Indirect, Var, atoms_of
+from minicompile.ir.nodes import Reduction
+from minicompile.ir.ops import compute_dtype
+from minicompile.runtime.triton_launch import load as load_triton
+
+_R = TritonRenderer()
+INT32_LIMIT = 2 ** 31 - 1
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass
+class TV:
+    """A Triton value: an expression (usually a temporary), its compute dtype, and which loop
+    groups ("x" rows / elements, "r" reduced lanes) it varies over, which fixes its shape."""
+    expr: str
+    dtype: torch.dtype
+    groups: frozenset = frozenset()
+
+    def __str__(self):
+        return self.expr
+
+
+@dataclass
+class TritonOps:
+    """Emits Triton statements for a loop body into ``lines``; values are TV."""
+    kernel: "TritonKernel"
+    lines: list
+    known: dict                                  # buffer name -> (index Expr, TV) already in registers
+    cse: dict = field(default_factory=dict)
+    mask_groups: frozenset = frozenset()         # groups every load is masked by, whatever its index
+
+    def __post_init__(self):
+        if self.kernel.persistent:  # one row in registers: a value computed once serves every stage
+            self.cse = self.kernel.row_cse
+
+    def _tmp(self, dtype, expr, groups) -> TV:
+        key = (expr, dtype)
+        if key in self.cse:
+            return self.cse[key]
+        name = f"tmp{self.kernel.counter}"
+        self.kernel.counter += 1
+        self.lines.append(f"{name} = {expr}")
+        value = TV(name, dtype, frozenset(groups))
+        self.kernel.groups_of[name] = value.groups
+        self.cse[key] = value
+        return value
+
+    def load(self, name, index, dtype):
+        if name in self.known:
+            where, value = self.known[name]
+            if where == index:
+                return value
+        assert name not in self.kernel.k.local, f"local {name} read at {index} outside its registers"
+        groups = self.kernel.index_groups(index)
+        rendered = _R.render(index)
+        for g in sorted(self.mask_groups - groups):  # e.g. an empty row: every lane is masked off
+            rendered = f"{rendered} + 0 * {g}index"
+        groups |= self.mask_groups
+        if name in self.kernel.written:
+            # written earlier by this kernel at another lane: make that store visible first
+            self.lines.append("tl.debug_barrier()")
+        ptr = self.kernel.pointer(name)
+        mask = self.kernel.mask(groups)
+        raw = f"tl.load({ptr} + ({rendered}){', ' + mask + ', other=0' if mask else ''})"
+        if compute_dtype(dtype) != dtype:
+            raw += f".to({TL[compute_dtype(dtype)]})"
+        return self._tmp(compute_dtype(dtype), raw, groups)
+
+    def constant(self, value, dtype):
+        dtype = compute_dtype(dtype)
+        return TV(literal(value, dtype), dtype)
+
+    def index_expr(self, expr, dtype):
+        groups = self.kernel.index_groups(expr)
+        if not groups:
+            return TV(literal(expr.const, dtype), dtype)
+        return self._tmp(dtype, f"({_R.render(expr)}).to({TL[dtype]})", groups)
+
+    def to_dtype(self, x, dtype):
+        if dtype in (torch.bfloat16, torch.float16):  # computed in float32, rounded as eager rounds
+            return self._tmp(torch.float32, f"{x}.to({TL[dtype]}).to(tl.float32)", x.groups)
+        if x.dtype == dtype:
+            return x
+        if not x.groups and x.expr in ("True", "False") or _is_number(x.expr):
+            return TV(literal(_number(x.expr), dtype), dtype)
+        return self._tmp(dtype, f"{_as_tensor(x)}.to({TL[dtype]})", x.groups)
+
+    def pointwise(self, op, *args, dtype):
+        operand = args[1].dtype if op == "where" else args[0].dtype
+        groups = frozenset().union(*(a.groups for a in args))
+        if op == "where" and args[0].dtype != torch.bool:  # lowering may hand a 0/1 number as the condition
+            args = (TV(f"({args[0]} != 0)", torch.bool, args[0].groups),) + args[1:]
+        expr = template(op, operand).format(*args)
+        if op not in BOOL_RESULT and operand != dtype:
+            expr = f"({expr}).to({TL[dtype]})"
+        return self._tmp(dtype, expr, groups)
+
+    def indirect(self, x, size):
+        v = self._tmp(torch.int64, f"tl.where({x} < 0, {x} + {size}, {x})", x.groups)
+        return Expr.of(Indirect(v.expr, size))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _number(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    return float(text) if any(c in text for c in ".en") else int(text)
+
+
+def _as_tensor(x: TV) -> str:
+    """``.to`` needs a tensor: a bare literal becomes a 0-d one."""
+    if x.groups or x.expr.startswith("tmp") or x.expr.startswith("tl."):
+        return x.expr
+    return f"tl.full([], {x.expr}, {TL[x.dtype]})"
+
+
+class TritonKernel:
+    """Renders one FusedKernel to a ``@triton.jit`` function (and its launch metadata)."""
+
+    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
+        self.k = kernel
+        self.buffers = buffers
+        self.storage = storage
+        self.sources = sources
+        self.counter = 0
+        self.groups_of = {}          # temporary name -> groups (for indirect indices)
+        self.written = set()         # buffers this kernel has stored so far (while rendering)
+        self.row_cse = {}            # persistent kernels: values stay valid for the whole row
+        self.reduction = kernel.is_reduction
+        self.xnumel = kernel.outer_numel
+        self.rnumel = kernel.inner_numel if self.reduction else 1
+        self.persistent = self.reduction and next_power_of_2(self.rnumel) <= config.triton_persistent_rnumel
+        big = max([b.layout.storage_numel() for b in buffers.values() if b.layout is not None] + [0])
+        self.index_dtype = "tl.int64" if big > INT32_LIMIT or self.xnumel * self.rnumel > INT32_LIMIT else None
+
+    # -- arguments, pointers, masks ------------------------------------------------------
+    def args(self):
+        """(argument name, dtype, read, written) for every buffer the kernel touches in memory."""
+        seen = {}
+        for n in self.k.nodes:
+            for r in self.k.reads(n):
+                if r.name in self.k.local:
+                    continue
+                ptr = self.storage.get(r.name, r.name)
+                seen.setdefault(ptr, [self.buffers[r.name], False, False])[1] = True
+            if n.name not in self.k.local:
+                ptr = self.storage.get(n.name, n.name)
+                seen.setdefault(ptr, [n, False, False])[2] = True
+        return [(p, b, rd, wr) for p, (b, rd, wr) in seen.items()]
+
+    def pointer(self, name: str) -> str:
+        return self.storage.get(name, name)
+
+    def index_groups(self, index: Expr) -> frozenset:
+        groups = set()
+        for a in atoms_of(index):
+            if isinstance(a, Var):
+                groups.add(a.name[0])
+            else:
+                groups |= self.groups_of.get(a.name, frozenset())
+        return frozenset(groups)
+
+    def mask(self, groups) -> str:
+        return " & ".join(f"{g}mask" for g in ("x", "r") if g in groups)
+
+    # -- rendering --------------------------------------------------------------------------
+    def render(self) -> str:
+        k = self.k
+        origins = list(dict.fromkeys(o for n in k.nodes for o in n.origins))
+        lines = [f"# {k.name}: fuses FX nodes {', '.join(origins)}"]
+        lines += [f"#   {o}: {self.sources[o]}" for o in origins if o in self.sources]
+        lines.append(f"# {self.describe()}")
+        lines += ["@triton.jit", f"def {k.name}("]
+        for p, b, rd, wr in self.args():
+            role = "in/out" if rd and wr else "out" if wr else "in"
+            lay = b.layout
+            lines.append(f"    {p},  # {role}: {str(lay.dtype).replace('torch.', '')}{list(lay.size)}")
+        lines.append("    XBLOCK: tl.constexpr,  # " + ("rows per program" if self.reduction else "elements per program"))
+        if self.reduction:
+            what = "the whole row (persistent)" if self.persistent else "lanes per loop step"
+            lines.append(f"    RBLOCK: tl.constexpr,  # reduced elements per row held at once: {what}")
+        lines.append("):")
+        body = self._body()
+        lines += ["    " + ln if ln else "" for ln in body]
+        return "\n".join(lines)
+
+    def describe(self) -> str:
+        if not self.reduction:
+            return f"pointwise over {self.xnumel} elements (outer loops {list(self.k.outer_ranges)})"
+        form = "persistent" if self.persistent else "looped"
+        return (f"{form} reduction: {self.xnumel} rows x {self.rnumel} reduced elements "
+                f"(outer {list(self.k.outer_ranges)}, inner {list(self.k.inner_ranges)})")
+
+    def _body(self) -> list:
+        k = self.k
+        out = [f"xnumel = {self.xnumel}"]
+        if self.reduction:
+            out.append(f"rnumel = {self.rnumel}")
+        shape = "[:, None]" if self.reduction else ""
+        pid = "tl.program_id(0)" + (f".to({self.index_dtype})" if self.index_dtype else "")
+        out += [f"xoffset = {pid} * XBLOCK",
+                f"xindex = xoffset + tl.arange(0, XBLOCK){shape}",
+                "xmask = xindex < xnumel"]
+        out += _unravel("xindex", k.outer_vars, k.outer_ranges)
+        if self.reduction and self.persistent:
+            out += ["rindex = tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
+            out += _unravel("rindex", k.inner_vars, k.inner_ranges)
+        known: dict = {}
+        for stage in k.stages:
+            out.append("")
+            if stage.kind == "scalar":
+                ops = TritonOps(self, out, known)
+                for n in stage.nodes:
+                    index, _ = k.node_index(n)
+                    self._store_or_keep(ops, n, n.data.body(ops, index), known, {"x"})
+            else:
+                out += self._loop(stage, known)
+        return out
+
+    def _store_or_keep(self, ops, n, value, known, level_groups):
+        where = self.k.store_index(n)
+        known[n.name] = (where, value)
+        if n.name in self.k.local:
+            return
+        groups = self.index_groups(where)
+        index = _R.render(where)
+        for g in sorted(set(level_groups) - groups):  # a broadcast store still needs one pointer per lane
+            index = f"{index} + 0 * {g}index"
+        value_text = str(value)
+        if value.dtype != n.dtype or not value.groups:
+            value_text = f"{_as_tensor(value)}.to({TL[n.dtype]})"
+        mask = self.mask(level_groups)
+        ptr = self.pointer(n.name)
+        ops.lines.append(f"tl.store({ptr} + ({index}), {value_text}, {mask})")
+        self.written.add(n.name)
+        for key in [k for k in ops.cse if k[0].startswith(f"tl.load({ptr} +")]:
+            del ops.cse[key]  # the memory changed under that load
+
+    # -- reductions -------------------------------------------------------------------------
+    def _loop(self, stage, known) -> list:
+        k = self.k
+        reds = [n for n in stage.nodes if isinstance(n.data, Reduction)]
+        pre, inner, post = [], [], []
+        accs = {}
+        for n in reds:
+            kind, dt = n.data.reduction_type, _acc_dtype(n)
+            acc = f"acc{self.counter}"
+            self.counter += 1
+            accs[n.name] = (acc, dt)
+            if not self.persistent:
+                pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {reduction_init(kind, dt)}, {TL[dt]})")
+                if kind in ("argmax", "argmin"):
+                    pre.append(f"{acc}_index = tl.full([XBLOCK, RBLOCK], {INT32_LIMIT}, tl.int64)")
+        loop_known = dict(known)
+        # an empty row reads nothing, even where the index does not depend on the row
+        ops = TritonOps(self, inner, loop_known, mask_groups=frozenset({"r"}) if self.rnumel == 0 else frozenset())
+        if not self.persistent:
+            inner += ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
+            inner += _unravel("rindex", k.inner_vars, k.inner_ranges)
+        for n in stage.nodes:
+            index, rindex = k.node_index(n)
+            if not isinstance(n.data, Reduction):
+                self._store_or_keep(ops, n, n.data.body(ops, index), loop_known, {"x", "r"})
+                continue
+            v = n.data.body(ops, index, rindex)
+            acc, dt = accs[n.name]
+            kind = n.data.reduction_type
+            lanes = f"tl.where(xmask & rmask, {v}, {reduction_init(kind, dt)})"
+            if v.dtype != dt:
+                lanes = f"tl.where(xmask & rmask, {_as_tensor(v)}.to({TL[dt]}), {reduction_init(kind, dt)})"
+            if self.persistent:
+                inner.append(f"{acc} = {lanes}")
+                result = self._finish(kind, acc, dt, inner, "rindex")
+            else:
+                if kind == "sum":
+                    inner.append(f"{acc} = {acc} + {lanes}")
+                elif kind in ("argmax", "argmin"):
+                    inner.append(f"{acc}_next, {acc}_index_next = {COMBINE[kind]}({acc}, {acc}_index, {lanes}, "
+                                 f"rindex.to(tl.int64))")
+                    inner.append(f"{acc} = tl.where(xmask & rmask, {acc}_next, {acc})")
+                    inner.append(f"{acc}_index = tl.where(xmask & rmask, {acc}_index_next, {acc}_index)")
+                else:
+                    inner.append(f"{acc} = tl.where(xmask & rmask, {COMBINE[kind]}({acc}, {lanes}), {acc})")
+                result = self._finish(kind, acc, dt, post, f"{acc}_index")
+            out_dt = torch.int64 if kind in ("argmax", "argmin") else compute_dtype(n.dtype)
+            value = TV(result, out_dt if kind not in ("argmax", "argmin") else torch.int64, frozenset({"x"}))
+            if dt != out_dt and kind not in ("argmax", "argmin"):
+                value = TV(f"{result}.to({TL[out_dt]})", out_dt, frozenset({"x"}))
+            target = inner if self.persistent else post
+            self._store_or_keep(TritonOps(self, target, known), n, value, known, {"x"})
+        if self.persistent:
+            # the whole row is in registers: later stages reuse this stage's row values
+            known.update({name: kv for name, kv in loop_known.items() if name not in known})
+            return pre + inner + post
+        loop = ["for roffset in range(0, rnumel, RBLOCK):"] + ["    " + ln for ln in inner]
+        return pre + loop + post
+
+    def _finish(self, kind, acc, dt, lines, index_lanes) -> str:
+        """Reduce lanes ``acc`` across the row; returns the ``[XBLOCK, 1]`` result's name."""
+        res = f"{acc}_row"
+        if kind == "sum":
+            lines.append(f"{res} = tl.reduce({acc}, 1, {COMBINE[kind]})[:, None]")
+        elif kind in ("argmax", "argmin"):
+            idx = index_lanes if index_lanes != "rindex" else "tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK])"
+            lines.append(f"_, {res} = tl.reduce(({acc}, {idx}), 1, {COMBINE[kind]})")
+            lines.append(f"{res} = {res}[:, None]")
+        else:
+            lines.append(f"{res} = tl.reduce({acc}, 1, {COMBINE[kind]})[:, None]")
+        return res
+
+
+def _acc_dtype(node) -> torch.dtype:
+    if node.data.reduction_type in ("argmax", "argmin"):
+        return compute_dtype(node.data.src_dtype)
+    return compute_dtype(node.dtype)
+
+
+def _unravel(flat: str, variables, ranges) -> list:
+    """``x0 = xindex % 16``, ``x1 = xindex // 16``: a flat index into the kernel's loop variables."""
+    out, stride = [], 1
+    items = list(zip(variables, ranges))
+    for pos, (v, size) in enumerate(reversed(items)):
+        outermost = pos == len(items) - 1
+        expr = flat if stride == 1 else f"({flat} // {stride})"
+        if not outermost:
+            expr = f"{expr} % {size}"
+        out.append(f"{v.name} = {expr}")
+        stride *= max(int(size), 1)
+    return out
+
+
+def generate_triton(schedule, buffers: dict, storage: dict, sources: dict) -> tuple[str, dict, dict]:
+    """The whole module: prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
+    parts = ["# minicompile: Triton kernels for one graph", PRELUDE]
+    args, launch = {}, {}
+    for kernel in schedule.kernels:
+        tk = TritonKernel(kernel, buffers, storage, sources)
+        parts += ["", tk.render(), ""]
+        args[kernel.name] = [p for p, _, _, _ in tk.args()]
+        launch[kernel.name] = {"xnumel": tk.xnumel, "rnumel": tk.rnumel if tk.reduction else None,
+                               "persistent": tk.persistent,
+                               "written": [p for p, _, _, wr in tk.args() if wr]}
+    parts.append("")
+    parts.append("# kernel -> what the launcher needs: rows/elements, reduced extent, and the arguments it writes")
+    parts.append("LAUNCH = {")
+    parts += [f"    {name!r}: {meta!r}," for name, meta in launch.items()]
+    parts.append("}")
+    return "\n".join(parts) + "\n", args, launch
+
+
+@dataclass
+class TritonGenerated:
+    source: str
+    kernel_args: dict   # kernel name -> [tensor argument names, in call order]
+    language: str
+    interpret: bool     # CPU tensors: kernels run in the Triton interpreter
+
+
+class TritonBackend:
+    name = "triton"
+    pass_pointers = False  # the wrapper passes tensors; Triton takes their data pointers
+    row_scratch = False    # a persistent row is in registers anyway; a looped one re-reads memory
+
+    def generate(self, schedule, buffers, storage, sources) -> TritonGenerated:
+        source, args, _ = generate_triton(schedule, buffers, storage, sources)
+        devices = {b.layout.device.type for b in buffers.values() if b.layout is not None}
+        return TritonGenerated(source, args, "python", interpret="cuda" not in devices)
+
+    def load(self, generated: TritonGenerated):
+        if not generated.kernel_args:
+            return None
+        return load_triton(generated.source, generated.kernel_args, generated.interpret)

@@ -1,0 +1,207 @@
+"""Load a generated Triton module (cached on disk), compute grids, autotune, launch.
+
+The module is written into minicompile's cache (keyed by its source) and imported from
+there, so Triton can read the kernels' source and Tracebacks point at real lines. Triton's
+own compile cache goes under minicompile's cache directory too (TRITON_CACHE_DIR), unless
+the user set it. Kernels for CPU tensors are imported in interpreter mode (as if
+``TRITON_INTERPRET=1``), which is how CI runs the Triton path without a GPU.
+
+Autotuning (GPU only): each kernel times a few (XBLOCK, RBLOCK, num_warps) candidates on its
+first call, with copies of the buffers it writes so the real outputs are untouched; the
+winner is kept in memory and on disk, keyed by the kernel's source (which fixes its shapes)
+and the device name. In the interpreter timing means nothing: a fixed heuristic is used.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import threading
+
+import torch
+
+from minicompile.config import config
+from minicompile.runtime import cache
+
+_env_lock = threading.Lock()
+
+
+class TritonNotAvailable(RuntimeError):
+    pass
+
+
+def _triton():
+    try:
+        import triton
+    except ImportError as e:  # pragma: no cover - triton ships with the dev install
+        raise TritonNotAvailable("the Triton code generator needs the `triton` package: pip install triton, "
+                                 "or run CPU tensors through the C++ backend (MINICOMPILE_CPU_BACKEND=cpp)") from e
+    return triton
+
+
+@contextlib.contextmanager
+def _interpret_mode(on: bool):
+    """Set TRITON_INTERPRET for the duration of an import (``triton.jit`` reads it there)."""
+    with _env_lock:
+        saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
+
+
+def _module_path(source: str) -> tuple[str, str]:
+    key = cache.digest(source, "triton-module")
+    path = os.path.join(cache.entry_dir("triton", key), "kernels.py")
+    if not cache.is_valid(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        cache.commit(tmp, path)
+    return key, path
+
+
+def import_module(source: str, interpret: bool):
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache.cache_root(), "triton-cache"))
+    _triton()
+    key, path = _module_path(source)
+    name = f"minicompile_triton_{key}_{'interp' if interpret else 'gpu'}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    with _interpret_mode(interpret):
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+class TritonKernelLauncher:
+    """``launcher(*tensors)`` runs one generated kernel over its whole grid."""
+
+    def __init__(self, fn, name: str, meta: dict, source_key: str, interpret: bool):
+        self.fn = fn
+        self.name = name
+        self.xnumel = meta["xnumel"]
+        self.rnumel = meta["rnumel"]
+        self.persistent = meta["persistent"]
+        self.written = meta["written"]
+        self.arg_names = list(meta.get("args", []))
+        self.key = cache.digest(source_key, name)
+        self.interpret = interpret
+        self.choice = None
+
+    def __repr__(self):
+        return f"TritonKernelLauncher({self.name}, xnumel={self.xnumel}, rnumel={self.rnumel}, choice={self.choice})"
+
+    # -- candidates -------------------------------------------------------------------------
+    def candidates(self) -> list[dict]:
+        """(XBLOCK, RBLOCK, num_warps) settings worth trying, the heuristic default first."""
+        xcap = next_power_of_2(self.xnumel)
+        if self.rnumel is None:
+            sizes = [b for b in (1024, 512, 256, 2048) if b <= max(xcap, 128)] or [128]
+            return [dict(XBLOCK=b, num_warps=4 if b <= 512 else 8) for b in sizes]
+        if self.persistent:
+            r = next_power_of_2(self.rnumel)
+            out = []
+            for budget in (2048, 4096, 1024, 8192):
+                x = max(1, min(xcap, budget // r))
+                warps = 8 if r * x >= 4096 else 4 if r * x >= 1024 else 2
+                c = dict(XBLOCK=x, RBLOCK=r, num_warps=warps)
+                if c not in out:
+                    out.append(c)
+            return out
+        out = []
+        for r, x in ((1024, 2), (512, 4), (2048, 1), (256, 8), (4096, 1)):
+            c = dict(XBLOCK=max(1, min(x, xcap)), RBLOCK=r, num_warps=8 if r * x >= 2048 else 4)
+            if c not in out:
+                out.append(c)
+        return out
+
+    def _interpreter_choice(self) -> dict:
+        """Big blocks: the interpreter runs one numpy step per program, so fewer programs is faster."""
+        if self.rnumel is None:
+            return dict(XBLOCK=min(next_power_of_2(self.xnumel), 1024), num_warps=1)
+        r = next_power_of_2(self.rnumel) if self.persistent else 64
+        return dict(XBLOCK=max(1, min(next_power_of_2(self.xnumel), 4096 // r)), RBLOCK=r, num_warps=1)
+
+    def grid(self, choice: dict):
+        return (triton_cdiv(self.xnumel, choice["XBLOCK"]),)
+
+    # -- launching --------------------------------------------------------------------------
+    def __call__(self, *args):
+        if self.xnumel == 0:
+            return
+        if self.choice is None:
+            self.choice = self._choose(args)
+        self._launch(self.choice, args)
+
+    def _launch(self, choice, args):
+        settings = dict(choice)
+        self.fn[self.grid(choice)](*args, **settings)
+
+    def _choose(self, args) -> dict:
+        if self.interpret:
+            return self._interpreter_choice()
+        options = self.candidates()
+        if not config.triton_autotune or len(options) == 1:
+            return options[0]
+        device = torch.cuda.get_device_name(args[0].device) if args and args[0].is_cuda else "device"
+        path = os.path.join(cache.entry_dir("triton-autotune", cache.digest(self.key, device)), "choice.json")
+        if cache.is_valid(path):
+            with open(path) as f:
+                return json.load(f)
+        best = self._benchmark(options, args)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(best, f)
+        cache.commit(tmp, path)
+        return best
+
+    def _benchmark(self, options, args) -> dict:
+        from triton.testing import do_bench
+        # buffers the kernel writes are replaced by copies: an in-place kernel run many times
+        # would otherwise corrupt its input
+        trial = [a.clone() if i in self._written_positions(args) else a for i, a in enumerate(args)]
+        timings = []
+        for c in options:
+            try:
+                t = do_bench(lambda: self._launch(c, trial), warmup=5, rep=20)
+            except Exception:  # a setting that does not compile (too many registers) is skipped
+                continue
+            timings.append((t, c))
+        if not timings:
+            return options[0]
+        return min(timings, key=lambda tc: tc[0])[1]
+
+    def _written_positions(self, args) -> set:
+        return {i for i, n in enumerate(self.arg_names) if n in self.written} if self.arg_names else set(range(len(args)))
+
+
+class TritonKernels:
+    """The loaded module: one launcher attribute per kernel, for the host wrapper."""
+
+    def __init__(self, source: str, kernel_args: dict, interpret: bool):
+        self.module = import_module(source, interpret)
+        key = cache.digest(source)
+        for name, meta in self.module.LAUNCH.items():
+            meta = dict(meta, args=kernel_args.get(name, []))
+            setattr(self, name, TritonKernelLauncher(getattr(self.module, name), name, meta, key, interpret))
+
+
+def load(source: str, kernel_args: dict, interpret: bool) -> TritonKernels:
+    return TritonKernels(source, kernel_args, interpret)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,243 @@
+"""The Triton code generator: the shared op table and the kernel-count tests on the Triton path.
+
+Without a GPU every kernel runs in the Triton interpreter on CPU tensors
+(``config.cpu_backend = "triton"``); tests marked ``gpu`` run real kernels on CUDA and are
+skipped without one. Shapes stay small: the interpreter runs one numpy step per program.
+"""
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minicompile.backend import minicompile_backend
+from minicompile.codegen import BACKENDS
+from minicompile.config import patch
+from minicompile.pipeline import compile_graph
+from minicompile.runtime import cache
+from minicompile.runtime.triton_launch import TritonKernelLauncher
+from tests.conftest import assert_close_like_eager
+from tests.op_table import SAMPLES
+
+pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def triton_on_cpu():
+    with patch(cpu_backend="triton"):
+        yield
+
+
+def compile_fn(fn, *inputs):
+    c = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
+    assert c.backend == "triton"
+    return c
+
+
+def check(fn, *inputs, atol=1e-5, rtol=1e-5):
+    c = compile_fn(fn, *inputs)
+    assert_close_like_eager(c(*inputs), fn(*inputs), atol, rtol)
+    return c
+
+
+def run_sample(sample, device="cpu"):
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(minicompile_backend(gm, example_inputs))
+        return graphs[-1]
+    torch._dynamo.reset()
+    compiled = torch.compile(sample.fn, backend=record)
+    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+    with torch.no_grad():
+        ref = sample.fn(*move(sample.inputs()))
+        out = compiled(*move(sample.inputs()))
+    assert_close_like_eager(out, ref, sample.atol, sample.rtol)
+    assert all(getattr(g, "backend", "triton") == "triton" for g in graphs)
+
+
+# -- the shared correctness table -------------------------------------------------------------
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
+def test_matches_eager_triton_interpreter(sample):
+    run_sample(sample)
+
+
+LOOPED = ["sum_last", "sum_all", "var_std", "amax_amin", "argmax_argmin", "argmax_flat", "prod", "any_all",
+          "bf16_sum", "softmax", "softmax_dim0", "log_softmax", "layer_norm", "sum_int", "sum_then_pointwise"]
+
+
+@pytest.mark.parametrize("name", LOOPED)
+def test_looped_reductions_match_eager(name):
+    """Rows longer than the persistent limit loop over RBLOCK-sized chunks with running accumulators."""
+    sample = next(s for s in SAMPLES if s.name == name)
+    with patch(triton_persistent_rnumel=4):
+        run_sample(sample)
+
+
+@gpu
+@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
+def test_matches_eager_triton_gpu(sample):
+    with patch(cpu_backend="cpp"):
+        run_sample(sample, device="cuda")
+
+
+# -- kernel counts (as for the C++ backend) ---------------------------------------------------
+
+def test_pointwise_chain_is_one_kernel():
+    c = check(lambda x, y: ((x * 2 + y).relu() * x).sin() - y.exp(), torch.randn(8, 64), torch.randn(64))
+    assert c.num_kernels == 1 and not c.externs
+
+
+def test_softmax_last_dim_is_one_kernel():
+    c = check(lambda x: torch.softmax(x, -1), torch.randn(8, 128))
+    assert c.num_kernels == 1 and not c.externs
+
+
+def test_layer_norm_is_one_kernel():
+    w, b = torch.randn(128), torch.randn(128)
+    c = check(lambda x: F.layer_norm(x, (128,), w, b), torch.randn(8, 128), atol=1e-5, rtol=1e-4)
+    assert c.num_kernels == 1 and not c.externs
+
+
+def test_sibling_reductions_share_a_kernel():
+    c = check(lambda x: (x.sum(-1), x.amax(-1), x.mean(-1)), torch.randn(16, 64))
+    assert c.num_kernels == 1
+
+
+def test_fused_intermediates_are_not_materialized():
+    c = check(lambda x: torch.softmax(x * 3, -1) + 1, torch.randn(8, 32))
+    kernel = c.schedule.kernels[0]
+    stored = [n for n in kernel.nodes if n.name not in kernel.local and n.name not in kernel.scratch]
+    assert len(stored) == 1
+    assert c.wrapper_source.count("empty_strided(") == 1
+
+
+def test_transformer_block_kernels():
+    from tests.test_pipeline import block_inputs, transformer_block
+    inputs = block_inputs(B=1, T=8, C=16)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(minicompile_backend(gm, example_inputs))
+        return graphs[-1]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(transformer_block, backend=record)(*inputs)
+    assert_close_like_eager(out, transformer_block(*inputs), 1e-4, 1e-4)
+    assert len(graphs) == 1 and graphs[0].backend == "triton"
+    c = graphs[0]
+    eager_ops = len([n for n in c.aten_graph.graph.nodes if n.op == "call_function"])
+    assert c.num_kernels <= 10, str(c.schedule)
+    assert c.num_kernels * 3 < eager_ops, (c.num_kernels, eager_ops)
+
+
+# -- views, dtypes, edge cases beyond the table -----------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(16, 24).t(),
+    lambda: torch.randn(16, 48)[:, ::3],
+    lambda: torch.randn(32, 24)[4:20],
+    lambda: torch.randn(24).expand(16, 24),
+    lambda: torch.randn(4, 6, 8).permute(2, 0, 1),
+], ids=["transposed", "step_slice", "offset_slice", "expanded", "permuted"])
+def test_strided_inputs(make):
+    x = make()
+    check(lambda a: (a * 2).exp() + a, x)
+    check(lambda a: a.sum(-1) + a.amax(-1), x)
+
+
+def test_nan_propagates_through_max_and_argmax():
+    x = torch.randn(4, 8)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("nan")
+    x[2, 6] = float("nan")
+    check(lambda a: (a.amax(-1), a.argmax(-1), a.amin(0), a.argmin(0), torch.maximum(a, a.flip(1))), x)
+
+
+def test_argmax_ties_take_the_first_index():
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    check(lambda a: (a.argmax(-1), a.argmin(-1)), x)
+    with patch(triton_persistent_rnumel=1):
+        check(lambda a: (a.argmax(-1), a.argmin(-1)), torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 3.0]]))
+
+
+def test_full_reduction_to_a_scalar_and_bf16_rows():
+    check(lambda a: (a * a).sum(), torch.randn(7, 9))
+    check(lambda a: (a.float() + 1).softmax(-1).to(torch.bfloat16), torch.randn(6, 10).to(torch.bfloat16),
+          atol=1e-2, rtol=1e-2)
+
+
+def test_embedding_gathers_with_indirect_indices():
+    w = torch.randn(10, 8)
+    check(lambda idx, w: F.embedding(idx, w) * 2, torch.tensor([[1, 2], [9, 0]]), w)
+
+
+# -- readability: the generated source ------------------------------------------------------------
+
+def test_kernel_source_reads_well():
+    c = compile_fn(lambda x, w: torch.softmax(x * w, -1), torch.randn(4, 16), torch.randn(16))
+    src = c.kernel_source
+    assert "@triton.jit" in src and "XBLOCK: tl.constexpr" in src and "RBLOCK: tl.constexpr" in src
+    assert "# kernel0_" in src and "fuses FX nodes" in src and "mul" in src
+    assert "persistent reduction: 4 rows x 16 reduced elements" in src
+    assert "# in: float32[4, 16]" in src and "# out: float32[4, 16]" in src
+    compile(src, "<kernels>", "exec")  # plain Python
+
+
+def test_looped_source_has_running_accumulators():
+    with patch(triton_persistent_rnumel=8):
+        c = compile_fn(lambda x: x.sum(-1), torch.randn(4, 40))
+    assert "for roffset in range(0, rnumel, RBLOCK):" in c.kernel_source
+    assert "tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)" in c.kernel_source
+
+
+# -- launching: grid, autotune choice cached on disk ----------------------------------------------
+
+def test_autotune_choice_is_cached_on_disk(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **settings: calls.append((grid, settings))
+
+    meta = dict(xnumel=1000, rnumel=None, persistent=False, written=["out"], args=["x", "out"])
+    with patch(cache_dir=str(tmp_path), triton_autotune=True):
+        launcher = TritonKernelLauncher(FakeKernel(), "kernel0_pointwise", meta, "source-key", interpret=False)
+        options = launcher.candidates()
+        assert len(options) > 1 and all("XBLOCK" in o and "num_warps" in o for o in options)
+        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args: opts[-1])
+        x = torch.randn(1000)
+        launcher(x, torch.empty(1000))
+        assert launcher.choice == options[-1]
+        assert calls[-1] == ((-(-1000 // options[-1]["XBLOCK"]),), options[-1])
+        # a fresh launcher (a new process) reads the choice back instead of timing again
+        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args: pytest.fail("re-tuned"))
+        again = TritonKernelLauncher(FakeKernel(), "kernel0_pointwise", meta, "source-key", interpret=False)
+        again(x, torch.empty(1000))
+        assert again.choice == options[-1]
+        stored = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f == "choice.json"]
+        assert len(stored) == 1 and json.load(open(stored[0])) == options[-1]
+
+
+def test_empty_grid_launches_nothing():
+    check(lambda a: (a * 2).sum(0), torch.randn(0, 4))
+
+
+def test_missing_triton_is_a_clear_error(monkeypatch):
+    monkeypatch.delitem(BACKENDS, "triton")
+    with pytest.raises(NotImplementedError, match="Triton"):
+        compile_fn(lambda x: x + 1, torch.randn(4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_benchmark_exits_cleanly_without_cuda(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gpu", os.path.join(os.path.dirname(__file__), "..",
+                                                                            "benchmarks", "bench_gpu.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out

@@ -1,0 +1,279 @@
+"""Python builtins the tracer understands: one handler per builtin, in one table.
+
+A handler gets ``(tracer, args, kwargs)`` with symbolic values and returns a symbolic
+value. A builtin missing from this table (``print``, ``id``, ``open``, ...) is a graph
+break: it runs in real Python between two graphs.
+"""
+from __future__ import annotations
+
+import builtins
+import operator
+
+import torch
+from torch import nn
+
+from minicompile.capture import semantics
+from minicompile.capture.tracer import Tracer
+from minicompile.capture.variables import (SymBoundMethod, SymFunction, SymIter, TensorMethod,
+                                           TensorVar, Unsupported, contains_symbolic)
+
+BUILTINS: dict = {}
+
+
+def builtin(*fns):
+    def register(handler):
+        for fn in fns:
+            BUILTINS[fn] = handler
+        return handler
+    return register
+
+
+def _constant_args(name: str, args, kwargs) -> None:
+    if contains_symbolic((list(args), kwargs)):
+        raise Unsupported(f"{name}() on tensors or traced objects needs their values")
+
+
+# Pure functions of constants: computed now, the result is a constant.
+def _pure(fn):
+    def handler(tracer: Tracer, args, kwargs):
+        _constant_args(fn.__name__, args, kwargs)
+        return fn(*args, **kwargs)
+    return handler
+
+
+for _fn in (builtins.round, builtins.divmod, builtins.pow, builtins.chr, builtins.ord,
+            builtins.str, builtins.repr, builtins.hash, builtins.format, builtins.slice,
+            builtins.complex, builtins.bin, builtins.hex, builtins.oct, builtins.issubclass,
+            builtins.frozenset, builtins.set):
+    BUILTINS[_fn] = _pure(_fn)
+
+
+def _make_number(fn):
+    def handler(tracer: Tracer, args, kwargs):
+        if args and isinstance(args[0], TensorVar):
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's value (graph break)")
+        if fn is builtins.bool and args:
+            return semantics.truth(tracer, args[0])
+        _constant_args(fn.__name__, args, kwargs)
+        return fn(*args, **kwargs)
+    return handler
+
+
+for _fn in (builtins.int, builtins.float, builtins.bool):
+    BUILTINS[_fn] = _make_number(_fn)
+
+
+@builtin(builtins.len)
+def _len(tracer: Tracer, args, kwargs):
+    (v,) = args
+    if isinstance(v, TensorVar):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return v.fake.shape[0]
+    if isinstance(v, SymIter):
+        raise Unsupported("len() of an iterator")
+    if isinstance(v, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
+        return len(v._modules)
+    if isinstance(v, (nn.ParameterList, nn.ParameterDict)):
+        return len(v._parameters)
+    if semantics.is_plain(v):
+        return len(v)
+    raise Unsupported(f"len() of a {type(v).__name__}")
+
+
+@builtin(builtins.range)
+def _range(tracer: Tracer, args, kwargs):
+    _constant_args("range", args, kwargs)
+    return range(*args)
+
+
+@builtin(builtins.enumerate)
+def _enumerate(tracer: Tracer, args, kwargs):
+    items = semantics.iterate(tracer, args[0])
+    start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+    return SymIter([(start + i, v) for i, v in enumerate(items)])
+
+
+@builtin(builtins.zip)
+def _zip(tracer: Tracer, args, kwargs):
+    if kwargs.get("strict"):
+        lists = [semantics.iterate(tracer, a) for a in args]
+        if len({len(x) for x in lists}) > 1:
+            raise Unsupported("zip(strict=True) with unequal lengths")
+    return SymIter(list(zip(*[semantics.iterate(tracer, a) for a in args])))
+
+
+@builtin(builtins.reversed)
+def _reversed(tracer: Tracer, args, kwargs):
+    return SymIter(list(reversed(semantics.iterate(tracer, args[0]))))
+
+
+@builtin(builtins.iter)
+def _iter(tracer: Tracer, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel)")
+    if isinstance(args[0], SymIter):
+        return args[0]
+    return SymIter(semantics.iterate(tracer, args[0]))
+
+
+@builtin(builtins.next)
+def _next(tracer: Tracer, args, kwargs):
+    it = args[0]
+    if not isinstance(it, SymIter):
+        raise Unsupported(f"next() on a {type(it).__name__}")
+    if it.pos >= len(it.items):
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("StopIteration from next()")
+    return it.next()
+
+
+@builtin(builtins.list)
+def _list(tracer: Tracer, args, kwargs):
+    return list(semantics.iterate(tracer, args[0])) if args else []
+
+
+@builtin(builtins.tuple)
+def _tuple(tracer: Tracer, args, kwargs):
+    return tuple(semantics.iterate(tracer, args[0])) if args else ()
+
+
+@builtin(builtins.dict)
+def _dict(tracer: Tracer, args, kwargs):
+    result = {}
+    if args:
+        src = args[0]
+        if isinstance(src, dict):
+            result.update(src)
+        else:
+            for pair in semantics.iterate(tracer, src):
+                k, v = semantics.iterate(tracer, pair)
+                result[k] = v
+    result.update(kwargs)
+    return result
+
+
+@builtin(builtins.sorted)
+def _sorted(tracer: Tracer, args, kwargs):
+    items = semantics.iterate(tracer, args[0])
+    _constant_args("sorted", [], kwargs)
+    try:  # tuples with constant keys first sort fine; reaching a tensor raises TypeError
+        return sorted(items, **kwargs)
+    except TypeError:
+        raise Unsupported("sorted() would compare tensors") from None
+
+
+@builtin(builtins.isinstance)
+def _isinstance(tracer: Tracer, args, kwargs):
+    v, cls = args
+    return _issub(_type_of(v), cls)
+
+
+def _issub(tp, cls) -> bool:
+    if isinstance(cls, tuple):
+        return any(_issub(tp, c) for c in cls)
+    return issubclass(tp, cls)
+
+
+def _type_of(v) -> type:
+    if isinstance(v, TensorVar):
+        return v.cls
+    if isinstance(v, SymFunction):
+        return type(_type_of)
+    if isinstance(v, SymIter):
+        return type(iter([]))
+    if isinstance(v, (SymBoundMethod, TensorMethod)):
+        return type(Tracer.wrap.__get__(object()))
+    return type(v)
+
+
+@builtin(builtins.type)
+def _type(tracer: Tracer, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments (class creation)")
+    return _type_of(args[0])
+
+
+@builtin(builtins.callable)
+def _callable(tracer: Tracer, args, kwargs):
+    v = args[0]
+    if isinstance(v, (SymFunction, SymBoundMethod, TensorMethod)):
+        return True
+    if isinstance(v, TensorVar):
+        return False
+    return callable(v)
+
+
+@builtin(builtins.getattr)
+def _getattr(tracer: Tracer, args, kwargs):
+    obj, name = args[0], args[1]
+    if len(args) == 3:
+        try:
+            return semantics.getattr_(tracer, obj, name)
+        except Unsupported as e:
+            if "AttributeError" in e.reason:
+                return args[2]
+            raise
+    return semantics.getattr_(tracer, obj, name)
+
+
+@builtin(builtins.hasattr)
+def _hasattr(tracer: Tracer, args, kwargs):
+    obj, name = args
+    try:
+        semantics.getattr_(tracer, obj, name)
+    except Unsupported as e:
+        if "AttributeError" in e.reason:
+            return False
+        raise
+    return True
+
+
+@builtin(builtins.setattr)
+def _setattr(tracer: Tracer, args, kwargs):
+    semantics.setattr_(tracer, *args)
+    return None
+
+
+@builtin(builtins.abs)
+def _abs(tracer: Tracer, args, kwargs):
+    (v,) = args
+    if isinstance(v, TensorVar):
+        return tracer.call_graph("call_function", torch.abs, (v,))
+    _constant_args("abs", args, kwargs)
+    return abs(v)
+
+
+def _minmax(fn):
+    def handler(tracer: Tracer, args, kwargs):
+        items = semantics.iterate(tracer, args[0]) if len(args) == 1 else list(args)
+        if any(isinstance(v, TensorVar) for v in items):
+            raise Unsupported(f"{fn.__name__}() comparing tensors needs their values")
+        _constant_args(fn.__name__, items, kwargs)
+        return fn(items, **kwargs)
+    return handler
+
+
+BUILTINS[builtins.min] = _minmax(builtins.min)
+BUILTINS[builtins.max] = _minmax(builtins.max)
+
+
+@builtin(builtins.sum)
+def _sum(tracer: Tracer, args, kwargs):
+    items = semantics.iterate(tracer, args[0])
+    total = args[1] if len(args) > 1 else kwargs.get("start", 0)
+    for v in items:
+        total = semantics.binary(tracer, operator.add, total, v)
+    return total
+
+
+def _anyall(fn):
+    def handler(tracer: Tracer, args, kwargs):
+        items = semantics.iterate(tracer, args[0])
+        return fn(semantics.truth(tracer, v) for v in items)
+    return handler
+
+
+BUILTINS[builtins.any] = _anyall(builtins.any)
+BUILTINS[builtins.all] = _anyall(builtins.all)

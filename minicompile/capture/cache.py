@@ -1,0 +1,215 @@
+"""Per-code-object caches and the call interception ("PEP 523-style", in Python).
+
+``make_wrapper`` returns the function users call instead of theirs. On a call it tries the
+cache entries of the code object at offset 0 (one generated guard+run function each); on
+a miss it traces (or recompiles, logging the guard that failed). Resume points after
+graph breaks have their own entry lists in the same cache, keyed by offset.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import types
+import warnings
+
+import torch
+from torch import nn
+
+from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
+from minicompile.capture.fallback import try_fx
+from minicompile.capture.frame import arg_names, bind_arguments, prescan
+from minicompile.capture.segment import MISS, CannotCapture, trace_segment
+from minicompile.config import config
+
+log = logging.getLogger("minicompile.capture")
+
+# A resume point inside a loop gets one entry per iteration state (loop counter, items
+# left), so it may hold this many times the recompile limit before the function goes eager.
+RESUME_LIMIT_FACTOR = 8
+
+
+def eager_backend(gm: torch.fx.GraphModule, example_inputs: list):
+    """The default capture backend: run the captured graph with eager PyTorch."""
+    return gm.forward
+
+
+class CaptureContext:
+    """Shared by everything one ``compile()`` produced: backend, report, nested wrappers."""
+
+    def __init__(self, backend=None, force_fallback: str | None = None):
+        self.backend = backend or eager_backend
+        self.report = CaptureReport()
+        self.force_fallback = force_fallback     # e.g. unsupported Python version
+        self.caches: dict = {}        # code object -> CodeCache
+        self._wrappers: dict = {}     # function -> its wrapper (user-compiled functions)
+
+    def cache_for(self, fn: types.FunctionType) -> "CodeCache":
+        cache = self.caches.get(fn.__code__)
+        if cache is None:
+            cache = self.caches[fn.__code__] = CodeCache(fn, self)
+        return cache
+
+    def wrapper_for(self, fn: types.FunctionType):
+        w = self._wrappers.get(fn)
+        if w is None:
+            w = make_wrapper(self.cache_for(fn), fn)
+            if "<locals>" not in fn.__qualname__:  # closures are made per call: do not pile up
+                self._wrappers[fn] = w
+        return w
+
+    def native_callable(self, fn):
+        """What a graph break calls: user Python functions go through their own cache."""
+        if isinstance(fn, types.FunctionType) and not _is_library(fn):
+            return self.wrapper_for(fn)
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+                and not _is_library(fn.__func__):
+            return functools.partial(self.wrapper_for(fn.__func__), fn.__self__)
+        if isinstance(fn, nn.Module) and not _module_hooks(fn) and "forward" not in fn.__dict__ \
+                and type(fn).__call__ is nn.Module.__call__ and not _is_library(type(fn).forward):
+            return functools.partial(self.wrapper_for(type(fn).forward), fn)
+        return fn
+
+
+def _is_library(fn) -> bool:
+    mod = getattr(fn, "__module__", "") or ""
+    return mod.split(".")[0] in ("torch", "functools", "typing", "builtins")
+
+
+def _module_hooks(m: nn.Module) -> bool:
+    from torch.nn.modules import module as _m
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or _m._global_forward_hooks or _m._global_forward_pre_hooks)
+
+
+class CodeCache:
+    """All cache entries of one code object, keyed by offset (0 = the call).
+
+    Shared by every function object made from the code (closures made per call share it);
+    the closure cells travel in ``L`` after the arguments, so guards read them from there.
+    """
+
+    def __init__(self, fn: types.FunctionType, ctx: CaptureContext):
+        self.fn = fn                   # a representative function: name, globals
+        self.code = fn.__code__
+        self.globals = fn.__globals__
+        self.ctx = ctx
+        self.entries: dict[int, list] = {0: []}
+        self.fast0: list = []          # entries[0]'s fast functions, what the wrapper loops over
+        self.eager = False
+        self._warned = False
+        self.names = arg_names(self.code)
+        flags = self.code.co_flags
+        self.simple_nargs = (self.code.co_argcount if not (flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS))
+                             and not self.code.co_kwonlyargcount else -1)
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, fn, args: tuple, kwargs: dict) -> tuple:
+        bound = bind_arguments(self.code, fn.__defaults__, fn.__kwdefaults__, args, kwargs)
+        return tuple(bound[n] for n in self.names) + (fn.__closure__ or ())
+
+    # ------------------------------------------------------------------ misses
+    def miss(self, fn, L: tuple, args: tuple, kwargs: dict):
+        """No entry at the call's start matched: compile one (or run eagerly)."""
+        if self.eager:
+            return fn(*args, **kwargs)
+        entries = self.entries[0]
+        if entries:
+            guard = self._failed_guard(entries, L)
+            limit_hit = len(entries) >= config.recompile_limit
+            self.ctx.report.recompiles.append(RecompileRecord(self.code.co_name, 0, guard, limit_hit))
+            log.info("recompiling %s: guard failed: %s", self.code.co_name, guard)
+            if limit_hit:
+                self._go_eager(guard)
+                return fn(*args, **kwargs)
+        reason = self.ctx.force_fallback or prescan(self.code)
+        if reason is None:
+            try:
+                entry = trace_segment(self, 0, L)
+            except CannotCapture as e:
+                reason, where = e.reason, e.where
+            else:
+                entries.append(entry)
+                self.fast0.append(entry.fast)
+                return entry.run(L)
+        else:
+            where = f"{self.code.co_filename}:{self.code.co_firstlineno}"
+        return self._fallback(fn, L, args, kwargs, reason, where)
+
+    def resume(self, offset: int, L: tuple):
+        """Continue the frame at ``offset`` after a graph break ran in Python."""
+        entries = self.entries.setdefault(offset, [])
+        for e in entries:
+            r = e.fast(L)
+            if r is not MISS:
+                return r
+        if entries:
+            guard = self._failed_guard(entries, L)
+            # Loops with a break in their body resume here once per iteration state.
+            limit_hit = len(entries) >= config.recompile_limit * RESUME_LIMIT_FACTOR
+            self.ctx.report.recompiles.append(RecompileRecord(self.code.co_name, offset, guard, limit_hit))
+            log.info("recompiling %s at offset %d: guard failed: %s", self.code.co_name, offset, guard)
+            if limit_hit:
+                # Halfway through a call there is no eager frame to return to: finish this
+                # call compiled, and run later calls eagerly from the start.
+                self._go_eager(guard)
+        try:
+            entry = trace_segment(self, offset, L)
+        except CannotCapture as e:
+            raise RuntimeError(
+                f"minicompile capture: cannot resume {self.code.co_name}() after a graph break "
+                f"({e.reason} at {e.where}). Run this function without minicompile.compile, or "
+                f"move the construct into a helper function.") from None
+        entries.append(entry)
+        return entry.run(L)
+
+    def _failed_guard(self, entries: list, L: tuple) -> str:
+        return entries[-1].guards.first_failure(L) or "(no single guard failed)"
+
+    def _go_eager(self, guard: str) -> None:
+        self.eager = True
+        self.fast0.clear()
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"minicompile: {self.code.co_name}() hit the recompile limit "
+                f"({config.recompile_limit}); running it eagerly from now on. The guard that "
+                f"kept failing: {guard}. Raise minicompile.config.recompile_limit "
+                f"(MINICOMPILE_RECOMPILE_LIMIT) if this is expected.", stacklevel=4)
+
+    def _fallback(self, fn, L, args, kwargs, reason: str, where: str | None):
+        name = self.code.co_name
+        entry, why_not = try_fx(self, fn, L[:len(self.names)]) if not fn.__closure__ else (None, "closure")
+        if entry is not None:
+            self.ctx.report.fallbacks.append(FallbackRecord(name, "fx", reason, where))
+            self.entries[0].append(entry)
+            self.fast0.append(entry.fast)
+            return entry.fast(L)
+        self.ctx.report.fallbacks.append(FallbackRecord(name, "eager", f"{reason}; fx: {why_not}", where))
+        log.info("running %s eagerly: %s (%s)", name, reason, why_not)
+        self.eager = True
+        self.fast0.clear()
+        return fn(*args, **kwargs)
+
+
+def make_wrapper(cache: CodeCache, fn: types.FunctionType):
+    """The function that replaces ``cache.fn``: guard checks, then the compiled entry."""
+    fast0 = cache.fast0
+    nargs = cache.simple_nargs if not fn.__closure__ else -1
+    bind = cache.bind
+    miss = cache.miss
+    _MISS = MISS
+
+    def wrapper(*args, **kwargs):
+        L = args if (not kwargs and len(args) == nargs) else bind(fn, args, kwargs)
+        for fast in fast0:
+            r = fast(L)
+            if r is not _MISS:
+                return r
+        return miss(fn, L, args, kwargs)
+
+    functools.update_wrapper(wrapper, fn)
+    wrapper.__wrapped__ = fn
+    wrapper.capture_cache = cache
+    wrapper.capture_report = cache.ctx.report
+    return wrapper

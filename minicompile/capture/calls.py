@@ -1,0 +1,226 @@
+"""Calls: which callee gets inlined, which becomes a graph op, which is pure Python.
+
+The dispatch order is a short list of kinds; builtins and torch special cases live in
+tables (``builtins_table.BUILTINS``, ``TORCH_SPECIAL``), not in if-chains.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import types
+
+import torch
+from torch import nn
+
+from minicompile.capture.builtins_table import BUILTINS
+from minicompile.capture.frame import Frame, bind_arguments, prescan
+from minicompile.capture.interpreter import run_frame
+from minicompile.capture import semantics
+from minicompile.capture.semantics import is_plain
+from minicompile.capture.tracer import Tracer
+from minicompile.capture.variables import (GradModeCtx, GradModeExit, SymBoundMethod, SymFunction,
+                                           TensorMethod, TensorVar, Unsupported,
+                                           contains_symbolic)
+
+MAX_INLINE_DEPTH = 32
+
+# Tensor methods that only read metadata: their (non-tensor) result is specialized.
+_META_METHODS = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is_contiguous",
+                 "element_size", "is_floating_point", "is_complex", "get_device", "type",
+                 "__len__", "storage_offset", "is_signed"}
+# Tensor methods whose result needs real data or touches autograd/runtime state.
+_DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                 "data_ptr", "backward", "register_hook", "retain_grad", "requires_grad_",
+                 "__repr__", "__str__", "__format__", "equal", "untyped_storage", "storage"}
+_TORCH_META_FUNCS = {torch.numel, torch.is_floating_point, torch.is_complex, torch.is_nonzero}
+_TORCH_META_FUNCS.discard(torch.is_nonzero)
+
+_MATH_FUNCS = {v for v in vars(math).values() if callable(v)}
+_OPERATOR_FUNCS = {v for v in vars(operator).values() if callable(v)}
+# Methods of builtin containers/strings that are safe to run on the traced copies.
+_CONTAINER_METHODS = {
+    list: {"append", "extend", "insert", "pop", "index", "count", "reverse", "copy", "clear", "remove"},
+    dict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy", "clear"},
+    tuple: {"index", "count"},
+}
+
+
+def _torch_special():
+    def const(value):
+        return lambda tracer, args, kwargs: value
+    return {
+        torch.is_grad_enabled: lambda tracer, args, kwargs: tracer.grad_enabled,  # grad mode is always guarded
+        torch.is_tensor: lambda tracer, args, kwargs: isinstance(args[0], TensorVar),
+        torch.get_default_dtype: const(torch.get_default_dtype()),
+        torch.jit.is_scripting: const(False),
+        torch.jit.is_tracing: const(False),
+        torch.compiler.is_compiling: const(True),
+        torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
+        torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
+    }
+
+
+def _grad_ctx(enabled: bool, args, kwargs) -> GradModeCtx:
+    if args or kwargs:
+        raise Unsupported("grad-mode context manager with arguments")
+    return GradModeCtx(enabled)
+
+
+TORCH_SPECIAL = _torch_special()
+
+
+def call(tracer: Tracer, fn, args: list, kwargs: dict):
+    """The symbolic result of ``fn(*args, **kwargs)``."""
+    if isinstance(fn, TensorMethod):
+        return call_tensor_method(tracer, fn, args, kwargs)
+    if isinstance(fn, SymFunction):
+        return inline(tracer, fn, args, kwargs)
+    if isinstance(fn, SymBoundMethod):
+        return call(tracer, fn.func, [fn.self_value, *args], kwargs)
+    if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
+        tracer.set_grad(fn.restore)
+        return None
+    if isinstance(fn, TensorVar):
+        raise Unsupported("calling a tensor")
+    if getattr(fn, "capture_cache", None) is not None:  # another compiled function: trace its body
+        return call(tracer, fn.__wrapped__, args, kwargs)
+    if type(fn).__dict__.get("is_capture_wrapper"):    # a CompiledModule: inline its module
+        return call_module(tracer, fn.__dict__["_module"], args, kwargs)
+    handler = _lookup(BUILTINS, fn)
+    if handler is not None:
+        return handler(tracer, args, kwargs)
+    handler = _lookup(TORCH_SPECIAL, fn)
+    if handler is not None:
+        return handler(tracer, args, kwargs)
+    if isinstance(fn, nn.Module):
+        return call_module(tracer, fn, args, kwargs)
+    if getattr(fn, "__module__", "") == "torch.utils._contextlib":
+        raise Unsupported(f"call to {describe(fn)} (a function decorated with a torch context manager)")
+    if is_torch_callable(fn):
+        return tracer.call_graph("call_function", fn, tuple(args), kwargs,
+                                 allow_constant_result=fn in _TORCH_META_FUNCS)
+    if isinstance(fn, types.FunctionType):
+        return inline(tracer, fn, args, kwargs)
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONTAINER_METHODS:
+        return _container_method(fn, args, kwargs)
+    if fn in _MATH_FUNCS or fn in _OPERATOR_FUNCS:
+        return _pure_or_graph(tracer, fn, args, kwargs)
+    if isinstance(fn, type) and issubclass(fn, tuple) and hasattr(fn, "_fields"):
+        return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
+    if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):
+        return fn(*args, **kwargs)
+    raise Unsupported(f"call to {describe(fn)} is not supported by the tracer")
+
+
+def _lookup(table: dict, fn):
+    try:
+        return table.get(fn)
+    except TypeError:  # unhashable callables
+        return None
+
+
+def describe(fn) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    mod = getattr(fn, "__module__", None)
+    return f"{mod}.{name}" if mod and mod != "builtins" else f"{name}"
+
+
+def is_torch_callable(fn) -> bool:
+    if isinstance(fn, type):
+        return False
+    objclass = getattr(fn, "__objclass__", None)
+    if objclass is not None and objclass in (torch._C.TensorBase, torch.Tensor):
+        return True
+    mod = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, (types.FunctionType, types.BuiltinFunctionType)) or type(fn).__name__ in (
+            "builtin_function_or_method", "function", "_OpNamespace", "OpOverloadPacket", "OpOverload"):
+        return mod.startswith("torch") and not mod.startswith(("torch.nn.modules", "torch.fx"))
+    return False
+
+
+def call_tensor_method(tracer: Tracer, m: TensorMethod, args, kwargs):
+    name = m.name
+    if name in _DATA_METHODS:
+        raise Unsupported(f"Tensor.{name}() needs the tensor's data (graph break)")
+    return tracer.call_graph("call_method", name, (m.tensor, *args), kwargs,
+                             allow_constant_result=name in _META_METHODS)
+
+
+def _has_hooks(m: nn.Module) -> bool:
+    from torch.nn.modules import module as _mod
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None)
+                or _mod._global_forward_hooks or _mod._global_forward_pre_hooks
+                or _mod._global_backward_hooks)
+
+
+def call_module(tracer: Tracer, m: nn.Module, args, kwargs):
+    if _has_hooks(m):
+        raise Unsupported(f"module {type(m).__name__} has hooks (they are not traced)")
+    if type(m).__call__ is not nn.Module.__call__:
+        raise Unsupported(f"module {type(m).__name__} overrides __call__")
+    forward = m.__dict__.get("forward")
+    if forward is None:
+        forward = type(m).forward
+        return call(tracer, forward, [m, *args], kwargs)
+    return call(tracer, forward, list(args), kwargs)
+
+
+def inline(tracer: Tracer, fn, args: list, kwargs: dict):
+    """Run a Python function's bytecode in a child frame of the same trace."""
+    depth = tracer.frames[-1].depth + 1 if tracer.frames else 1
+    if depth > MAX_INLINE_DEPTH:
+        raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} (recursion?)")
+    if isinstance(fn, SymFunction):
+        code, globals_, name = fn.code, fn.globals, fn.name
+        defaults, kwdefaults, closure = fn.defaults, fn.kwdefaults, fn.closure
+    else:
+        code, globals_, name = fn.__code__, fn.__globals__, fn.__qualname__
+        defaults, kwdefaults, closure = fn.__defaults__, fn.__kwdefaults__, fn.__closure__ or ()
+        src = tracer.source_of(fn)
+        if src is not None:  # defaults are state of the function object: read them as inputs
+            defaults = tracer.wrap(defaults, f"{src}.__defaults__") if defaults else defaults
+            kwdefaults = tracer.wrap(kwdefaults, f"{src}.__kwdefaults__") if kwdefaults else kwdefaults
+    reason = prescan(code)
+    if reason:
+        raise Unsupported(f"{reason} in {name}()")
+    try:
+        bound = bind_arguments(code, defaults, kwdefaults, args, kwargs)
+    except TypeError as e:
+        raise Unsupported(f"TypeError calling {name}(): {e}") from None
+    cells = dict(zip(code.co_freevars, closure))
+    frame = Frame(tracer, code, globals_, bound, cells, depth)
+    return run_frame(frame)
+
+
+def _container_method(fn, args, kwargs):
+    owner = fn.__self__
+    if fn.__name__ not in _CONTAINER_METHODS[type(owner)]:
+        raise Unsupported(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
+    if any(isinstance(a, TensorVar) for a in args) and fn.__name__ in ("index", "count", "remove"):
+        raise Unsupported(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
+    result = fn(*args, **kwargs)
+    if type(result).__name__ in ("dict_keys", "dict_values", "dict_items"):
+        return list(result)
+    return result
+
+
+def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
+    if any(isinstance(a, TensorVar) for a in args):
+        if fn in _MATH_FUNCS:
+            raise Unsupported(f"math.{fn.__name__} on a tensor needs its value")
+        return tracer.call_graph("call_function", fn, tuple(args), kwargs)
+    if all(is_plain(a) or isinstance(a, nn.Module) for a in args) and not contains_symbolic((args, kwargs)):
+        return fn(*args, **kwargs)
+    if fn in (operator.getitem, operator.setitem, operator.contains):
+        if fn is operator.getitem:
+            return semantics.subscr(tracer, *args)
+        if fn is operator.setitem:
+            return semantics.store_subscr(tracer, *args)
+        return semantics.contains(tracer, args[1], args[0])
+    raise Unsupported(f"{describe(fn)} on symbolic values")
+
+
+__all__ = ["call", "inline", "call_module", "describe"]

@@ -1,0 +1,159 @@
+"""Generate the Python that runs a compiled entry.
+
+An entry's ``run(L)`` calls the compiled graph with its inputs (read from their sources
+in ``L``), replays the side effects recorded while tracing, and rebuilds real Python
+values from graph outputs: the return value, or at a graph break the frame's locals,
+cells and stack, which it hands to the break's native step. Everything is one generated
+function, so a cache hit costs a guard expression plus this straight-line code.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import torch
+
+from minicompile.capture.guards import Namespace
+from minicompile.capture.tracer import Tracer
+from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, ResumeIter,
+                                           SymBoundMethod,
+                                           SymCell, SymFunction, SymIter, TensorMethod, TensorVar,
+                                           Unsupported)
+
+
+def _mkcell():
+    return types.CellType()
+
+
+def _mkfunc(code, globals_, name, defaults, kwdefaults, closure):
+    fn = types.FunctionType(code, globals_, name, defaults, closure)
+    if kwdefaults:
+        fn.__kwdefaults__ = kwdefaults
+    return fn
+
+
+def _replace_list(target: list, items: list) -> None:
+    target[:] = items
+
+
+def _replace_dict(target: dict, items: dict) -> None:
+    target.clear()
+    target.update(items)
+
+
+class Reifier:
+    """Turns symbolic values into source text that rebuilds the real values."""
+
+    def __init__(self, tracer: Tracer, ns: Namespace, output_index: dict):
+        self.tracer = tracer
+        self.ns = ns
+        self.output_index = output_index   # id(TensorVar) -> index into the graph's outputs
+        self.lines: list[str] = []         # statements that must run before the expressions
+        self.late: list[str] = []          # cell fills (cells may refer to themselves)
+        self.memo: dict[int, str] = {}
+        ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
+                         _ResumeIter=ResumeIter, _replace_list=_replace_list,
+                         _replace_dict=_replace_dict)
+
+    def _temp(self, obj, text: str) -> str:
+        name = f"t{len(self.memo)}"
+        self.memo[id(obj)] = name
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def expr(self, v) -> str:
+        if id(v) in self.memo:
+            return self.memo[id(v)]
+        if isinstance(v, TensorVar):
+            if id(v) in self.output_index:
+                return f"o[{self.output_index[id(v)]}]"
+            return v.source
+        if v is NULL:
+            return "_NULL"
+        if v is None or type(v) in (bool, int, str, bytes):
+            return repr(v)
+        if type(v) is float:
+            return repr(v) if math.isfinite(v) else self.ns.const(v)
+        tracked = self.tracer.tracked_by_id.get(id(v))
+        if tracked is not None:
+            return tracked.source   # same object as the caller's, contents replayed already
+        if type(v) is tuple:
+            return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
+        if isinstance(v, tuple) and not isinstance(v, torch.Size) and _has_symbolic(v):
+            cls = self.ns.const(type(v), "T")
+            items = ", ".join(self.expr(x) for x in v)
+            if hasattr(type(v), "_fields"):
+                return f"{cls}({items})"
+            return f"{cls}(({items},))"
+        if type(v) is list:
+            self.memo[id(v)] = name = f"t{len(self.memo)}"
+            self.lines.append(f"{name} = [{', '.join(self.expr(x) for x in v)}]")
+            return name
+        if type(v) is dict:
+            self.memo[id(v)] = name = f"t{len(self.memo)}"
+            body = ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items())
+            self.lines.append(f"{name} = {{{body}}}")
+            return name
+        if type(v) is slice:
+            return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
+        if isinstance(v, SymIter):
+            items = ", ".join(self.expr(x) for x in v.remaining())
+            return self._temp(v, f"_ResumeIter([{items}])")
+        if isinstance(v, SymCell):
+            name = self._temp(v, "_mkcell()")
+            if v.value is not EMPTY:
+                self.late.append(f"{name}.cell_contents = {self.expr(v.value)}")
+            return name
+        if isinstance(v, SymFunction):
+            closure = "(" + "".join(self.expr(c) + ", " for c in v.closure) + ")" if v.closure else "None"
+            return self._temp(v, f"_mkfunc({self.ns.const(v.code, 'code')}, "
+                                 f"{self.ns.const(v.globals, 'G')}, {v.name!r}, "
+                                 f"{self.expr(v.defaults)}, {self.expr(v.kwdefaults)}, {closure})")
+        if isinstance(v, SymBoundMethod):
+            return f"_MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
+        if isinstance(v, TensorMethod):
+            return f"getattr({self.expr(v.tensor)}, {v.name!r})"
+        if isinstance(v, GradModeExit):
+            return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
+        if isinstance(v, torch.Tensor):
+            raise Unsupported("a real tensor without a source reached the output")
+        src = self.tracer.source_of(v)
+        if src is not None and not src.startswith("_"):
+            return src
+        return self.ns.const(v)
+
+
+def _has_symbolic(v) -> bool:
+    from minicompile.capture.variables import contains_symbolic
+    return contains_symbolic(v)
+
+
+def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
+    """Attribute/global/cell writes in program order, then tracked containers' contents."""
+    out = []
+    for se in tracer.side_effects:
+        value = r.expr(se.value)
+        if se.kind == "setattr":
+            out.append(f"setattr({se.target}, {se.name!r}, {value})")
+        elif se.kind == "setitem_global":
+            out.append(f"{se.target}[{se.name!r}] = {value}")
+        else:
+            out.append(f"{se.target}.cell_contents = {value}")
+    for t in tracer.tracked:
+        now = list(t.copy.items()) if isinstance(t.copy, dict) else list(t.copy)
+        if len(now) == len(t.snapshot) and all(a is b or (
+                isinstance(a, tuple) and a[0] == b[0] and a[1] is b[1]) for a, b in zip(now, t.snapshot)):
+            continue
+        saved = tracer.tracked_by_id.pop(id(t.copy))   # build a fresh value, then copy it in
+        if isinstance(t.copy, dict):
+            out.append(f"_replace_dict({t.source}, {r.expr(dict(t.copy))})")
+        else:
+            out.append(f"_replace_list({t.source}, {r.expr(list(t.copy))})")
+        tracer.tracked_by_id[id(t.copy)] = saved
+    return out
+
+
+def compile_function(src: str, ns: Namespace, name: str, filename: str):
+    scope = dict(ns.values)
+    exec(compile(src, filename, "exec"), scope)
+    return scope[name]

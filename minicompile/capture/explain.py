@@ -1,0 +1,109 @@
+"""CaptureReport: what capture did — graphs, graph breaks, fallbacks, recompiles, guards.
+
+Every compiled callable carries one (``fn.capture_report``), accumulated over its calls;
+``explain(fn)(*args)`` returns a fresh one for a single call. It prints readably.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx
+
+
+@dataclass
+class GraphRecord:
+    code_name: str
+    offset: int
+    graph: torch.fx.GraphModule
+    ops: int
+
+
+@dataclass
+class BreakRecord:
+    code_name: str
+    reason: str
+    where: str            # the user's file:line
+
+
+@dataclass
+class FallbackRecord:
+    code_name: str
+    kind: str             # "fx" (torch.fx.symbolic_trace) or "eager"
+    reason: str
+    where: str | None
+
+
+@dataclass
+class RecompileRecord:
+    code_name: str
+    offset: int
+    guard: str            # the guard that failed
+    limit_hit: bool = False
+
+
+@dataclass
+class EntryRecord:
+    code_name: str
+    offset: int
+    guards: list
+    check_source: str
+
+
+@dataclass
+class CaptureReport:
+    graphs: list = field(default_factory=list)
+    breaks: list = field(default_factory=list)
+    fallbacks: list = field(default_factory=list)
+    recompiles: list = field(default_factory=list)
+    entries: list = field(default_factory=list)
+    output: object = None     # explain(): the value the call returned
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def break_count(self) -> int:
+        return len(self.breaks)
+
+    @property
+    def ops_per_graph(self) -> list[int]:
+        return [g.ops for g in self.graphs]
+
+    @property
+    def compile_count(self) -> int:
+        """Cache entries created (first compiles and recompiles, all offsets)."""
+        return len(self.entries)
+
+    # ------------------------------------------------------------------ recording
+    def record_entry(self, cache, entry, check_source: str) -> None:
+        name = cache.code.co_name
+        self.entries.append(EntryRecord(name, entry.offset, list(entry.guard_exprs), check_source))
+        if entry.graph is not None:
+            self.graphs.append(GraphRecord(name, entry.offset, entry.graph, entry.ops))
+        if entry.break_action is not None:
+            a = entry.break_action
+            self.breaks.append(BreakRecord(name, a.reason, a.where))
+
+    # ------------------------------------------------------------------ printing
+    def __str__(self) -> str:
+        out = [f"Graphs: {self.graph_count}   Graph breaks: {self.break_count}   "
+               f"Fallbacks: {len(self.fallbacks)}   Recompiles: {len(self.recompiles)}"]
+        for i, b in enumerate(self.breaks):
+            out.append(f"  break {i}: {b.where} in {b.code_name}(): {b.reason}")
+        for f in self.fallbacks:
+            out.append(f"  fallback to {f.kind} for {f.code_name}(): {f.reason}"
+                       + (f" at {f.where}" if f.where else ""))
+        for r in self.recompiles:
+            out.append(f"  recompile of {r.code_name}()@{r.offset}: guard failed: {r.guard}"
+                       + ("  [recompile limit hit: running eagerly]" if r.limit_hit else ""))
+        for i, g in enumerate(self.graphs):
+            out.append(f"--- graph {i}: {g.code_name}() from offset {g.offset}, {g.ops} ops")
+            out.append(g.graph.code.strip())
+        for i, e in enumerate(self.entries):
+            out.append(f"--- guards of entry {i}: {e.code_name}() at offset {e.offset}")
+            out.extend(f"    {g}" for g in e.guards)
+        return "\n".join(out)
+
+    __repr__ = __str__

@@ -1,0 +1,221 @@
+"""A symbolic frame: one code object being interpreted, plus facts about code objects.
+
+``code_info`` decodes a code object once (instructions, offset -> index, line numbers);
+``prescan`` says up front whether the tracer can run a code object at all, so an
+unsupported construct is found before any graph is built rather than halfway through.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import sys
+import types
+from dataclasses import dataclass
+
+from minicompile.capture.registry import HANDLERS
+
+PY311 = sys.version_info[:2] == (3, 11)
+PY312 = sys.version_info[:2] == (3, 12)
+
+_GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                    | inspect.CO_ITERABLE_COROUTINE)
+
+# Opcodes whose presence means "a construct we do not model", with the user-facing reason.
+_UNMODELED = {
+    "PUSH_EXC_INFO": "try/except (exception handling is not modeled)",
+    "SETUP_WITH": "with-block (context managers are not modeled)",
+    "YIELD_VALUE": "generator",
+    "RETURN_GENERATOR": "generator",
+    "LOAD_BUILD_CLASS": "class definition inside the function",
+    "LOAD_SUPER_ATTR": "super() call",
+    "MATCH_CLASS": "match statement",
+    "MATCH_MAPPING": "match statement",
+    "MATCH_SEQUENCE": "match statement",
+    "MATCH_KEYS": "match statement",
+    "GET_LEN": "match statement",
+    "SETUP_ANNOTATIONS": "annotations in function body",
+    "IMPORT_STAR": "import *",
+    "DELETE_GLOBAL": "del of a global",
+    "DELETE_DEREF": "del of a closure variable",
+    "DELETE_ATTR": "del of an attribute",
+    "GET_AWAITABLE": "await",
+    "BEFORE_ASYNC_WITH": "async with",
+    "SEND": "generator send/await",
+}
+# Only reached while an exception propagates, which traced code never does.
+_EXCEPTION_PATH_ONLY = {"RERAISE", "POP_EXCEPT", "CHECK_EXC_MATCH", "WITH_EXCEPT_START",
+                        "CLEANUP_THROW", "END_ASYNC_FOR"}
+
+
+@dataclass
+class CodeInfo:
+    insts: list
+    index_of: dict
+    lines: dict           # offset -> line number
+    unsupported: str | None
+
+
+@functools.lru_cache(maxsize=4096)
+def code_info(code: types.CodeType) -> CodeInfo:
+    insts = list(dis.get_instructions(code))
+    index_of = {inst.offset: i for i, inst in enumerate(insts)}
+    lines, line = {}, code.co_firstlineno
+    starts = dict(dis.findlinestarts(code))
+    for inst in insts:
+        if starts.get(inst.offset) is not None:
+            line = starts[inst.offset]
+        lines[inst.offset] = line
+    return CodeInfo(insts, index_of, lines, _scan(code, insts))
+
+
+def _scan(code: types.CodeType, insts: list) -> str | None:
+    # A generator expression is run to completion when called (see ``is_genexpr``).
+    genexpr = is_genexpr(code)
+    if code.co_flags & _GENERATOR_FLAGS and not genexpr:
+        return "generator or coroutine function"
+    for i, inst in enumerate(insts):
+        if genexpr and inst.opname in ("RETURN_GENERATOR", "YIELD_VALUE"):
+            continue
+        if inst.opname == "PUSH_EXC_INFO" and insts[i + 1].opname == "WITH_EXCEPT_START":
+            continue  # a with-block's cleanup; BEFORE_WITH decides if the block is modeled
+        if inst.opname == "BEFORE_WITH" and not _is_grad_mode_with(insts, i):
+            return "with-block (only `with torch.no_grad()` / `torch.enable_grad()` is modeled)"
+        if inst.opname in _UNMODELED:
+            return _UNMODELED[inst.opname]
+        if inst.opname not in HANDLERS and inst.opname not in _EXCEPTION_PATH_ONLY:
+            return f"bytecode {inst.opname} is not supported by the tracer"
+    if "super" in code.co_names and "__class__" in code.co_freevars:
+        return "super() call"
+    return None
+
+
+_GRAD_CTX_NAMES = {"no_grad", "enable_grad"}
+_CALL_SETUP = {"PRECALL", "CALL", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
+
+
+def _is_grad_mode_with(insts: list, i: int) -> bool:
+    """Does the with-statement at ``insts[i]`` read ``no_grad``/``enable_grad`` and call it?
+
+    Decided statically, so a with-block over anything else makes the whole code object
+    unsupported up front instead of surfacing halfway through a call after a graph break.
+    """
+    j = i - 1
+    while j >= 0 and insts[j].opname in _CALL_SETUP:
+        j -= 1
+    return j >= 0 and insts[j].argval in _GRAD_CTX_NAMES and insts[j].opname in (
+        "LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST")
+
+
+def is_genexpr(code: types.CodeType) -> bool:
+    """Generator expressions are consumed whole by list()/tuple()/for/unpacking in nearly all
+    model code, so the tracer evaluates them eagerly into a list of items."""
+    return code.co_name == "<genexpr>" and bool(code.co_flags & inspect.CO_GENERATOR)
+
+
+def prescan(code: types.CodeType) -> str | None:
+    """None when the tracer can interpret ``code``, else the reason it cannot."""
+    return code_info(code).unsupported
+
+
+class Frame:
+    """The symbolic state of one running code object."""
+
+    def __init__(self, tracer, code: types.CodeType, globals_: dict, locals_: dict,
+                 cells: dict, depth: int, start_offset: int = 0, stack: list | None = None):
+        info = code_info(code)
+        self.tracer = tracer
+        self.code = code
+        self.info = info
+        self.insts = info.insts
+        self.globals = globals_
+        self.builtins = globals_.get("__builtins__", __builtins__)
+        if isinstance(self.builtins, types.ModuleType):
+            self.builtins = self.builtins.__dict__
+        self.locals = locals_
+        self.cells = cells
+        self.depth = depth
+        self.stack = stack if stack is not None else []
+        self.ip = info.index_of[start_offset]
+        self.kw_names: tuple = ()
+        self.current = None
+        self.returned = False
+        self.return_value = None
+        self.yields: list | None = [] if is_genexpr(code) else None
+
+    def where(self) -> str:
+        offset = self.current.offset if self.current is not None else 0
+        return f"{self.code.co_filename}:{self.info.lines.get(offset, self.code.co_firstlineno)}"
+
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, offset: int) -> None:
+        self.ip = self.info.index_of[offset]
+
+
+def bind_arguments(code: types.CodeType, defaults, kwdefaults, args, kwargs) -> dict:
+    """Map call arguments to parameter names the way CPython does (for tracing and calls)."""
+    nargs = code.co_argcount
+    nkw = code.co_kwonlyargcount
+    names = code.co_varnames
+    posonly = code.co_posonlyargcount
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    bound: dict = {}
+    args = list(args)
+    if len(args) > nargs and not has_varargs:
+        raise TypeError(f"{code.co_name}() takes {nargs} positional arguments but {len(args)} were given")
+    for name, value in zip(names[:nargs], args):
+        bound[name] = value
+    extra_kw = {}
+    kwonly = names[nargs:nargs + nkw]
+    for k, v in kwargs.items():
+        if k in names[posonly:nargs] or k in kwonly:
+            if k in bound:
+                raise TypeError(f"{code.co_name}() got multiple values for argument '{k}'")
+            bound[k] = v
+        elif has_varkw:
+            extra_kw[k] = v
+        else:
+            raise TypeError(f"{code.co_name}() got an unexpected keyword argument '{k}'")
+    defaults = defaults or ()
+    first_default = nargs - len(defaults)
+    for i, name in enumerate(names[:nargs]):
+        if name not in bound:
+            if i >= first_default:
+                bound[name] = defaults[i - first_default]
+            else:
+                raise TypeError(f"{code.co_name}() missing required argument '{name}'")
+    for name in kwonly:
+        if name not in bound:
+            if kwdefaults and name in kwdefaults:
+                bound[name] = kwdefaults[name]
+            else:
+                raise TypeError(f"{code.co_name}() missing required keyword-only argument '{name}'")
+    i = nargs + nkw
+    if has_varargs:
+        bound[names[i]] = tuple(args[nargs:])
+        i += 1
+    if has_varkw:
+        bound[names[i]] = extra_kw
+    return bound
+
+
+def arg_names(code: types.CodeType) -> tuple:
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[:n]
+
+
+__all__ = ["Frame", "code_info", "prescan", "bind_arguments", "arg_names", "PY311", "PY312"]

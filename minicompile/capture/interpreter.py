@@ -1,0 +1,343 @@
+"""The symbolic bytecode interpreter: the run loop and the control-flow / variable opcodes.
+
+Handlers for CPython 3.11 and 3.12 opcodes share this table; where the two versions
+differ (``LOAD_ATTR``'s method bit, ``FOR_ITER``'s exhaustion target, ``PRECALL``), the
+handler checks ``PY311``. Data opcodes (operators, containers, calls, attributes) are in
+``ops_data.py``.
+"""
+from __future__ import annotations
+
+from minicompile.capture import semantics
+from minicompile.capture.frame import PY311, Frame
+from minicompile.capture.registry import HANDLERS, op
+from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, SymCell,
+                                           SymFunction, SymIter, Unsupported)
+
+MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
+
+
+class StopAtBreak(Exception):
+    """The top frame reached an instruction marked as a graph break; stop before it."""
+
+    def __init__(self, offset: int):
+        super().__init__(offset)
+        self.offset = offset
+
+
+def run_frame(frame: Frame):
+    """Interpret ``frame`` until it returns; returns the symbolic return value."""
+    tracer = frame.tracer
+    tracer.frames.append(frame)
+    top = frame.depth == 0
+    insts = frame.insts
+    try:
+        while True:
+            inst = insts[frame.ip]
+            if top:
+                if inst.offset in tracer.forced_breaks:
+                    raise StopAtBreak(inst.offset)
+                tracer.top_offset = inst.offset
+            frame.current = inst
+            frame.ip += 1
+            tracer.steps += 1
+            try:
+                HANDLERS[inst.opname](frame, inst)
+            except (Unsupported, StopAtBreak) as e:
+                if isinstance(e, Unsupported) and e.where is None:
+                    e.where = frame.where()
+                raise
+            except Exception as e:  # a real Python error in user code, or a tracer gap
+                raise Unsupported(f"{type(e).__name__}: {e} (at {inst.opname})", frame.where()) from e
+            if frame.returned:
+                return frame.return_value
+    finally:
+        tracer.frames.pop()
+
+
+# ---------------------------------------------------------------------- no-ops
+@op("NOP", "RESUME", "EXTENDED_ARG", "PRECALL", "CACHE", "COPY_FREE_VARS", "MAKE_CELL_DONE")
+def _nop(frame, inst):
+    pass
+
+
+# ---------------------------------------------------------------------- locals
+@op("LOAD_FAST", "LOAD_FAST_CHECK")
+def _load_fast(frame, inst):
+    try:
+        frame.push(frame.locals[inst.argval])
+    except KeyError:
+        raise Unsupported(f"UnboundLocalError: {inst.argval}") from None
+
+
+@op("LOAD_FAST_AND_CLEAR")
+def _load_fast_and_clear(frame, inst):
+    frame.push(frame.locals.pop(inst.argval, NULL))
+
+
+@op("STORE_FAST")
+def _store_fast(frame, inst):
+    v = frame.pop()
+    if v is NULL:
+        frame.locals.pop(inst.argval, None)
+    else:
+        frame.locals[inst.argval] = v
+
+
+@op("DELETE_FAST")
+def _delete_fast(frame, inst):
+    del frame.locals[inst.argval]
+
+
+@op("LOAD_CONST")
+def _load_const(frame, inst):
+    frame.push(inst.argval)
+
+
+# ---------------------------------------------------------------------- cells
+@op("MAKE_CELL")
+def _make_cell(frame, inst):
+    name = inst.argval
+    frame.cells[name] = SymCell(frame.locals.pop(name, EMPTY))
+
+
+@op("LOAD_CLOSURE")
+def _load_closure(frame, inst):
+    frame.push(frame.cells[inst.argval])
+
+
+@op("LOAD_DEREF", "LOAD_CLASSDEREF")
+def _load_deref(frame, inst):
+    frame.push(cell_get(frame.tracer, frame.cells[inst.argval], inst.argval))
+
+
+@op("STORE_DEREF")
+def _store_deref(frame, inst):
+    cell = frame.cells[inst.argval]
+    v = frame.pop()
+    if isinstance(cell, SymCell):
+        cell.value = v
+    else:
+        frame.tracer.record_cell(cell, v)
+
+
+def cell_get(tracer, cell, name: str):
+    if isinstance(cell, SymCell):
+        if cell.value is EMPTY:
+            raise Unsupported(f"NameError: free variable {name!r} referenced before assignment")
+        return cell.value
+    over = tracer.overlay(cell, "cell_contents")
+    if over is not NULL:
+        return over
+    try:
+        value = cell.cell_contents
+    except ValueError:
+        raise Unsupported(f"NameError: free variable {name!r} is empty") from None
+    src = tracer.source_of(cell) or tracer.const_source(cell, "cell")
+    return tracer.wrap(value, f"{src}.cell_contents")
+
+
+# ---------------------------------------------------------------------- globals
+@op("LOAD_GLOBAL")
+def _load_global(frame, inst):
+    if inst.arg & 1:
+        frame.push(NULL)
+    frame.push(load_global(frame, inst.argval))
+
+
+def load_global(frame: Frame, name: str):
+    tracer = frame.tracer
+    g = frame.globals
+    over = tracer.overlay(g, name)
+    if over is not NULL:
+        return over
+    if name in g:
+        src = tracer.source_of(g) or tracer.const_source(g, "G")
+        return tracer.wrap(g[name], f"{src}[{name!r}]")
+    if name in frame.builtins:
+        return frame.builtins[name]
+    raise Unsupported(f"NameError: name {name!r} is not defined")
+
+
+@op("STORE_GLOBAL")
+def _store_global(frame, inst):
+    frame.tracer.record_global(frame.globals, inst.argval, frame.pop())
+
+
+# ---------------------------------------------------------------------- stack
+@op("POP_TOP")
+def _pop_top(frame, inst):
+    frame.pop()
+
+
+@op("PUSH_NULL")
+def _push_null(frame, inst):
+    frame.push(NULL)
+
+
+@op("COPY")
+def _copy(frame, inst):
+    frame.push(frame.stack[-inst.arg])
+
+
+@op("SWAP")
+def _swap(frame, inst):
+    s, n = frame.stack, inst.arg
+    s[-1], s[-n] = s[-n], s[-1]
+
+
+@op("END_FOR")
+def _end_for(frame, inst):
+    frame.popn(2)
+
+
+# ---------------------------------------------------------------------- returns
+@op("RETURN_VALUE")
+def _return_value(frame, inst):
+    _return(frame, frame.pop())
+
+
+@op("RETURN_CONST")
+def _return_const(frame, inst):
+    _return(frame, inst.argval)
+
+
+def _return(frame, value):
+    frame.return_value = SymIter(frame.yields) if frame.yields is not None else value
+    frame.returned = True
+
+
+# ---------------------------------------------------------------------- jumps
+@op("JUMP_FORWARD", "JUMP", "JUMP_NO_INTERRUPT")
+def _jump(frame, inst):
+    frame.jump(inst.argval)
+
+
+@op("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
+def _jump_backward(frame, inst):
+    if frame.tracer.steps > MAX_STEPS:
+        raise Unsupported(f"loop runs over {MAX_STEPS} traced instructions")
+    frame.jump(inst.argval)
+
+
+def _pop_jump(test):
+    def handler(frame, inst):
+        v = frame.stack[-1]
+        taken = test(frame.tracer, v)  # may raise before the stack changes
+        frame.pop()
+        if taken:
+            frame.jump(inst.argval)
+    return handler
+
+
+_truth = semantics.truth
+for _name, _test in {
+    "TRUE": lambda t, v: _truth(t, v),
+    "FALSE": lambda t, v: not _truth(t, v),
+    "NONE": lambda t, v: v is None,
+    "NOT_NONE": lambda t, v: v is not None,
+}.items():
+    HANDLERS[f"POP_JUMP_IF_{_name}"] = _pop_jump(_test)
+    HANDLERS[f"POP_JUMP_FORWARD_IF_{_name}"] = _pop_jump(_test)
+    HANDLERS[f"POP_JUMP_BACKWARD_IF_{_name}"] = _pop_jump(_test)
+
+
+@op("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP")
+def _jump_or_pop(frame, inst):
+    v = frame.stack[-1]
+    t = semantics.truth(frame.tracer, v)
+    if t == (inst.opname == "JUMP_IF_TRUE_OR_POP"):
+        frame.jump(inst.argval)
+    else:
+        frame.pop()
+
+
+# ---------------------------------------------------------------------- iteration
+@op("GET_ITER")
+def _get_iter(frame, inst):
+    v = frame.stack[-1]
+    it = v if isinstance(v, SymIter) else SymIter(semantics.iterate(frame.tracer, v))
+    frame.stack[-1] = it
+
+
+@op("FOR_ITER")
+def _for_iter(frame, inst):
+    it = frame.stack[-1]
+    if not isinstance(it, SymIter):
+        raise Unsupported(f"for-loop over a {type(it).__name__}")
+    v = it.next()
+    if v is NULL:
+        frame.pop()
+        if PY311:
+            frame.jump(inst.argval)
+        else:  # 3.12 jumps to END_FOR and skips it
+            frame.ip = frame.info.index_of[inst.argval] + 1
+    else:
+        frame.push(v)
+
+
+# ---------------------------------------------------------------------- functions
+@op("MAKE_FUNCTION")
+def _make_function(frame, inst):
+    code = frame.pop()
+    flags = inst.arg
+    closure = frame.pop() if flags & 0x08 else ()
+    if flags & 0x04:
+        frame.pop()  # annotations do not affect execution
+    kwdefaults = frame.pop() if flags & 0x02 else None
+    defaults = frame.pop() if flags & 0x01 else None
+    frame.push(SymFunction(code, frame.globals, code.co_name, defaults, kwdefaults, tuple(closure)))
+
+
+@op("KW_NAMES")
+def _kw_names(frame, inst):
+    frame.kw_names = frame.code.co_consts[inst.arg]
+
+
+@op("LOAD_ASSERTION_ERROR")
+def _load_assertion_error(frame, inst):
+    frame.push(AssertionError)
+
+
+@op("RAISE_VARARGS")
+def _raise(frame, inst):
+    raise Unsupported("raise statement (runs in Python)")
+
+
+@op("BEFORE_WITH")
+def _before_with(frame, inst):
+    ctx = frame.stack[-1]
+    if not isinstance(ctx, GradModeCtx):
+        raise Unsupported(f"with-block over a {type(ctx).__name__} (only torch.no_grad()/"
+                          f"enable_grad() are modeled)")
+    tracer = frame.tracer
+    frame.pop()
+    frame.push(GradModeExit(tracer.grad_enabled))
+    tracer.set_grad(ctx.enabled)
+    frame.push(None)  # what `as` would bind
+
+
+@op("RETURN_GENERATOR")
+def _return_generator(frame, inst):
+    if frame.yields is None:
+        raise Unsupported("generator")
+    frame.push(None)  # what the POP_TOP after it discards when the generator starts
+
+
+@op("YIELD_VALUE")
+def _yield_value(frame, inst):
+    if frame.yields is None:
+        raise Unsupported("generator")
+    frame.yields.append(frame.pop())
+    frame.push(None)  # the value sent back in
+
+
+@op("IMPORT_NAME")
+def _import_name(frame, inst):
+    fromlist = frame.pop()
+    level = frame.pop()
+    frame.push(__import__(inst.argval, frame.globals, None, fromlist, level))
+
+
+@op("IMPORT_FROM")
+def _import_from(frame, inst):
+    frame.push(getattr(frame.stack[-1], inst.argval))

@@ -1,0 +1,319 @@
+"""What Python operations mean on symbolic values: operators, truth, iteration, subscripts
+and attributes. Opcode handlers and builtin handlers both call into here.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+import types
+
+import torch
+from torch import nn
+
+from minicompile.capture.tracer import Tracer, is_stable_module
+from minicompile.capture.variables import (NULL, GradModeExit, SymBoundMethod, SymCell,
+                                           SymFunction, SymIter, TensorMethod, TensorVar,
+                                           Unsupported, contains_symbolic)
+
+BINARY_OPS = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_,
+    "**": operator.pow, ">>": operator.rshift, "-": operator.sub, "/": operator.truediv,
+    "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv, "<<=": operator.ilshift,
+    "@=": operator.imatmul, "*=": operator.imul, "%=": operator.imod, "|=": operator.ior,
+    "**=": operator.ipow, ">>=": operator.irshift, "-=": operator.isub, "/=": operator.itruediv,
+    "^=": operator.ixor,
+}
+COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+               ">": operator.gt, ">=": operator.ge}
+_COMPARES = set(COMPARE_OPS.values())
+
+_PLAIN = (int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
+          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type)
+
+# Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
+# kept valid by the tensor guards (dtype, device, shape, strides, requires_grad).
+_TENSOR_META = {
+    "shape": lambda f: f.shape,
+    "dtype": lambda f: f.dtype,
+    "device": lambda f: f.device,
+    "ndim": lambda f: f.dim(),
+    "requires_grad": lambda f: f.requires_grad,
+    "is_cuda": lambda f: f.device.type == "cuda",
+    "is_cpu": lambda f: f.device.type == "cpu",
+    "layout": lambda f: f.layout,
+    "is_sparse": lambda f: False,
+    "is_quantized": lambda f: False,
+    "is_nested": lambda f: False,
+}
+# Tensor attributes that produce a new tensor: recorded as graph ops.
+_TENSOR_VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+
+
+def is_plain(v) -> bool:
+    return isinstance(v, _PLAIN) or (isinstance(v, tuple))
+
+
+def binary(tracer: Tracer, fn, a, b):
+    if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        return tracer.call_graph("call_function", fn, (a, b))
+    if fn in _COMPARES and (contains_symbolic(a) or contains_symbolic(b)):
+        raise Unsupported(f"comparing containers that hold tensors ({fn.__name__})")
+    if is_plain(a) and is_plain(b):
+        return fn(a, b)
+    if fn in (operator.eq, operator.ne) and _default_eq(a) and _default_eq(b):
+        return fn(a, b)
+    raise Unsupported(f"operator {fn.__name__} on {type(a).__name__} and {type(b).__name__}")
+
+
+def _default_eq(v) -> bool:
+    return type(v).__eq__ is object.__eq__ or isinstance(v, (nn.Module, types.FunctionType))
+
+
+def unary(tracer: Tracer, fn, v):
+    if isinstance(v, TensorVar):
+        if fn is operator.not_:
+            raise Unsupported("`not tensor` needs the tensor's value (data-dependent)")
+        return tracer.call_graph("call_function", fn, (v,))
+    if fn is operator.not_:
+        return not truth(tracer, v)
+    if isinstance(v, (int, float, complex, bool)):
+        return fn(v)
+    raise Unsupported(f"unary {fn.__name__} on {type(v).__name__}")
+
+
+def truth(tracer: Tracer, v) -> bool:
+    if isinstance(v, TensorVar):
+        raise Unsupported("data-dependent control flow: branching on a tensor value")
+    if isinstance(v, (SymFunction, SymBoundMethod, TensorMethod, SymCell, GradModeExit)):
+        return True
+    if isinstance(v, SymIter):
+        return True
+    if is_plain(v) or isinstance(v, (nn.Module, types.FunctionType, types.ModuleType,
+                                     types.BuiltinFunctionType, types.MethodType)):
+        return bool(v)
+    cls = type(v)
+    if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
+        return True
+    raise Unsupported(f"truth value of a {cls.__name__} runs user code (__bool__/__len__)")
+
+
+def identity(a, b) -> bool:
+    return a is b
+
+
+def contains(tracer: Tracer, item, container) -> bool:
+    if isinstance(container, TensorVar):
+        raise Unsupported("`x in tensor` needs the tensor's values (data-dependent)")
+    if isinstance(container, nn.ModuleDict):
+        return item in container._modules
+    if isinstance(container, (tuple, list, set, frozenset, str, bytes, range)):
+        return any(item is x or (not isinstance(x, TensorVar) and not isinstance(item, TensorVar)
+                                 and x == item) for x in container)
+    if isinstance(container, dict):
+        return item in container
+    raise Unsupported(f"`in` on {type(container).__name__}")
+
+
+# ---------------------------------------------------------------------- iteration
+def iterate(tracer: Tracer, v) -> list:
+    """The items ``for x in v`` would produce, computed now (loops are unrolled)."""
+    if isinstance(v, (tuple, list)):
+        return list(v)
+    if isinstance(v, dict):
+        return list(v.keys())
+    if isinstance(v, (range, str, bytes, type({}.keys()), type({}.values()), type({}.items()))):
+        return list(v)
+    if isinstance(v, SymIter):
+        items = v.remaining()
+        v.pos = len(v.items)
+        return items
+    if isinstance(v, TensorVar):
+        if v.fake.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor")
+        return list(tracer.call_graph("call_method", "unbind", (v, 0)))
+    if isinstance(v, (nn.ModuleList, nn.Sequential)):
+        return [child_module(tracer, v, name) for name in v._modules]
+    if isinstance(v, nn.ModuleDict):
+        return list(v._modules.keys())
+    if isinstance(v, nn.ParameterList):
+        return [module_attr(tracer, v, name) for name in v._parameters]
+    raise Unsupported(f"iteration over a {type(v).__name__}")
+
+
+# ---------------------------------------------------------------------- subscripts
+def subscr(tracer: Tracer, obj, key):
+    if isinstance(obj, TensorVar):
+        return tracer.call_graph("call_function", operator.getitem, (obj, key))
+    if isinstance(key, TensorVar):
+        raise Unsupported(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
+    if isinstance(obj, (tuple, list, str, bytes, range)):
+        return obj[key]
+    if isinstance(obj, dict):
+        if key not in obj:
+            raise Unsupported(f"KeyError: {key!r}")
+        return obj[key]
+    if isinstance(obj, (nn.ModuleList, nn.Sequential)):
+        names = list(obj._modules)
+        if isinstance(key, int):
+            return child_module(tracer, obj, names[key])
+        if isinstance(key, slice):
+            result = obj[key]
+            for name in names[key]:
+                child_module(tracer, obj, name)  # gives the children sources for guards
+            return result
+    if isinstance(obj, nn.ModuleDict) and isinstance(key, str):
+        return child_module(tracer, obj, key)
+    if isinstance(obj, (nn.ParameterList, nn.ParameterDict)):
+        name = str(key) if isinstance(obj, nn.ParameterList) else key
+        return module_attr(tracer, obj, name)
+    raise Unsupported(f"subscript of a {type(obj).__name__}")
+
+
+def store_subscr(tracer: Tracer, obj, key, value) -> None:
+    if isinstance(obj, TensorVar):
+        tracer.call_graph("call_function", operator.setitem, (obj, key, value), mutates=True)
+        return
+    if isinstance(key, TensorVar):
+        raise Unsupported("storing into a container with a tensor key")
+    if type(obj) in (list, dict):
+        obj[key] = value  # traced on a copy; tracked input containers are replayed afterwards
+        return
+    raise Unsupported(f"item assignment on a {type(obj).__name__}")
+
+
+def delete_subscr(tracer: Tracer, obj, key) -> None:
+    if type(obj) in (list, dict) and not isinstance(key, TensorVar):
+        del obj[key]
+        return
+    raise Unsupported(f"del on a {type(obj).__name__} item")
+
+
+# ---------------------------------------------------------------------- attributes
+def child_module(tracer: Tracer, parent: nn.Module, name: str):
+    return module_attr(tracer, parent, name)
+
+
+def _obj_source(tracer: Tracer, obj) -> str:
+    return tracer.source_of(obj) or tracer.const_source(obj, "obj")
+
+
+def module_attr(tracer: Tracer, m: nn.Module, name: str):
+    over = tracer.overlay(m, name)
+    if over is not NULL:
+        return over
+    src = _obj_source(tracer, m)
+    d = m.__dict__
+    for table in ("_parameters", "_buffers", "_modules"):
+        if name in d.get(table, ()):
+            return tracer.wrap(d[table][name], f"{src}.{table}[{name!r}]")
+    if name in d:
+        return tracer.wrap(d[name], f"{src}.{name}")
+    return class_attr(tracer, m, name, src)
+
+
+def class_attr(tracer: Tracer, obj, name: str, src: str):
+    try:
+        attr = inspect.getattr_static(type(obj), name)
+    except AttributeError:
+        if type(obj).__getattr__ is not object.__getattribute__ and not isinstance(obj, nn.Module) \
+                and hasattr(type(obj), "__getattr__"):
+            raise Unsupported(f"{type(obj).__name__}.__getattr__ runs user code") from None
+        raise Unsupported(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
+    if isinstance(attr, types.FunctionType):
+        return SymBoundMethod(attr, obj)
+    if isinstance(attr, staticmethod):
+        return attr.__func__
+    if isinstance(attr, classmethod):
+        return SymBoundMethod(attr.__func__, type(obj))
+    if isinstance(attr, property):
+        from minicompile.capture.calls import call  # property getters run user code: inline them
+        return call(tracer, attr.fget, [obj], {})
+    if hasattr(type(attr), "__get__") and not isinstance(attr, (int, float, str, bool, tuple)):
+        value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
+        return tracer.wrap(value, f"{src}.{name}")
+    if isinstance(getattr(obj, "__dict__", None), dict):
+        # a later instance attribute of the same name would shadow this class attribute
+        tracer.guards.add(f"{name!r} not in {src}.__dict__")
+    return tracer.wrap(attr, f"type({src}).{name}")
+
+
+def getattr_(tracer: Tracer, obj, name: str):
+    if isinstance(obj, TensorVar):
+        return tensor_attr(tracer, obj, name)
+    over = tracer.overlay(obj, name)
+    if over is not NULL:
+        return over
+    if isinstance(obj, nn.Module):
+        return module_attr(tracer, obj, name)
+    if isinstance(obj, types.ModuleType):
+        value = getattr(obj, name)
+        if is_stable_module(obj):
+            if isinstance(value, torch.Tensor):
+                raise Unsupported(f"tensor global {obj.__name__}.{name}")
+            return value
+        return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
+    if isinstance(obj, type):
+        value = getattr(obj, name)
+        if isinstance(value, torch.Tensor):
+            return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
+        return value
+    if isinstance(obj, (list, dict, tuple, str, bytes, set, frozenset, range, slice, torch.Size,
+                        torch.dtype, torch.device, int, float, complex, bool, type(None))):
+        return getattr(obj, name)
+    if isinstance(obj, SymFunction):
+        if name in ("__name__", "__qualname__"):
+            return obj.name
+        if name == "__code__":
+            return obj.code
+        raise Unsupported(f"attribute {name} of a function made while tracing")
+    if isinstance(obj, SymBoundMethod):
+        if name == "__self__":
+            return obj.self_value
+        if name == "__func__":
+            return obj.func
+        raise Unsupported(f"attribute {name} of a bound method")
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return getattr(obj, name)
+        if name in ("__self__", "__func__"):
+            return getattr(obj, name)
+        raise Unsupported(f"attribute {name} of a function")
+    if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
+        raise Unsupported(f"attribute {name} of {type(obj).__name__}")
+    src = _obj_source(tracer, obj)
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
+        return tracer.wrap(d[name], f"{src}.{name}")
+    if isinstance(obj, tuple):  # namedtuple / structseq fields
+        return getattr(obj, name)
+    return class_attr(tracer, obj, name, src)
+
+
+def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
+    meta = _TENSOR_META.get(name)
+    if meta is not None:
+        return meta(t.fake)
+    if name in _TENSOR_VIEW_ATTRS:
+        return tracer.call_graph("call_function", getattr, (t, name))
+    if name == "data":
+        return tracer.call_graph("call_method", "detach", (t,))
+    if name in ("grad", "grad_fn", "is_leaf", "_base", "names", "untyped_storage"):
+        raise Unsupported(f"tensor.{name} depends on autograd/runtime state the graph cannot see")
+    if callable(getattr(torch.Tensor, name, None)):
+        return TensorMethod(t, name)
+    raise Unsupported(f"tensor attribute {name!r}")
+
+
+def setattr_(tracer: Tracer, obj, name: str, value) -> None:
+    if isinstance(obj, TensorVar):
+        raise Unsupported(f"setting tensor.{name}")
+    if isinstance(obj, (SymFunction, SymIter, SymCell, SymBoundMethod, TensorMethod)) or is_plain(obj):
+        raise Unsupported(f"setting attribute {name} on {type(obj).__name__}")
+    if isinstance(obj, nn.Module) and isinstance(value, TensorVar) and (
+            name in obj._parameters or name in obj._buffers):
+        raise Unsupported(f"assigning a traced tensor to parameter/buffer {name!r}")
+    if tracer.source_of(obj) is None:
+        tracer.const_source(obj, "obj")
+    tracer.record_setattr(obj, name, value)

@@ -1,0 +1,374 @@
+"""The state of one trace: the FX graph being built, guards, graph inputs, side effects.
+
+``Tracer.wrap`` turns a real value read from somewhere the next call can read again (a
+*source*: an argument, a global, an attribute) into its symbolic form and installs the
+guards that keep that form valid. ``Tracer.call_graph`` adds one op to the graph,
+running it on fake tensors first so shapes and dtypes are known and data-dependent ops
+are caught before they are recorded.
+"""
+from __future__ import annotations
+
+import operator
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from minicompile.capture.guards import Guards, Namespace
+from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, ResumeIter, SymCell,
+                                           SymIter, TensorVar, Unsupported)
+
+_CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
+                torch.layout, torch.memory_format)
+
+# Python modules whose attributes we treat as fixed (library code, not user state).
+_STABLE_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools",
+                           "collections", "typing", "numbers", "numpy")
+
+
+@dataclass
+class SideEffect:
+    """A write the graph cannot express, replayed in order after the graph runs."""
+    kind: str          # "setattr" | "setitem_global" | "cell"
+    target: str        # source expression of the object written to
+    name: str
+    value: object
+
+
+@dataclass
+class TrackedContainer:
+    """A list/dict read from a source: we trace on a copy and replay its final contents."""
+    source: str
+    copy: object
+    snapshot: list
+
+
+@dataclass
+class GraphInput:
+    source: str
+    var: TensorVar
+    real: torch.Tensor
+
+
+@dataclass
+class TraceState:
+    """Everything a finished trace hands to entry building."""
+    tracer: "Tracer"
+    inputs: list = field(default_factory=list)
+
+
+class Tracer:
+    def __init__(self, forced_breaks: dict, locations: "dict | None" = None):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.ns = Namespace()
+        self.guards = Guards(self.ns)
+        self.grad_enabled = torch.is_grad_enabled()
+        self.guards.grad_mode(self.grad_enabled)
+        self.inputs: list[GraphInput] = []
+        self.by_source: dict[str, object] = {}
+        self.tensor_by_id: dict[int, TensorVar] = {}
+        self.obj_source: dict[int, str] = {}
+        self.tracked: list[TrackedContainer] = []
+        self.tracked_by_id: dict[int, TrackedContainer] = {}
+        self.side_effects: list[SideEffect] = []
+        self.attr_overlay: dict[tuple[int, str], object] = {}
+        self.forced_breaks = forced_breaks
+        self.frames: list = []        # the interpreter's frame stack, innermost last
+        self.top_offset: int | None = None
+        self.steps = 0
+        self.source_names: dict[str, str] = {}   # "L[0]" -> "x", for readable placeholders
+        self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
+        self._keep: list = []         # real objects whose ids we index must stay alive
+
+    # ------------------------------------------------------------------ locations
+    def where(self) -> str | None:
+        return self.frames[-1].where() if self.frames else None
+
+    # ------------------------------------------------------------------ sources
+    def source_of(self, obj) -> str | None:
+        return self.obj_source.get(id(obj))
+
+    def const_source(self, obj, hint: str = "c") -> str:
+        """A source for an object the generated code holds directly (e.g. a closure cell)."""
+        src = self.ns.const(obj, hint)
+        self.obj_source.setdefault(id(obj), src)
+        self._keep.append(obj)
+        return src
+
+    def wrap(self, value, source: str):
+        """The symbolic form of ``value`` read from ``source``, with guards installed."""
+        if source in self.by_source:
+            return self.by_source[source]
+        result = self._wrap(value, source)
+        self.by_source[source] = result
+        return result
+
+    def _wrap(self, value, source: str):
+        g = self.guards
+        if isinstance(value, torch.Tensor):
+            return self._wrap_tensor(value, source)
+        if type(value) in _CONST_TYPES:
+            g.constant(source, value)
+            return value
+        if isinstance(value, torch.nn.Module):
+            g.identity(source, value)
+            self._remember(value, source)
+            return value
+        if type(value) is tuple or isinstance(value, torch.Size):
+            g.type_is(source, type(value))
+            g.length(source, len(value))
+            items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            return type(value)(items)
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            g.type_is(source, type(value))
+            items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            return type(value)(*items)
+        if type(value) is list:
+            g.type_is(source, list)
+            g.length(source, len(value))
+            copy = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            self._track(source, copy, value)
+            return copy
+        if type(value) is dict:
+            g.type_is(source, dict)
+            keys = list(value.keys())
+            if not all(type(k) in (str, int, bool) for k in keys):
+                raise Unsupported(f"dict with non-constant keys at {source}")
+            g.add(f"list({source}) == {keys!r}")
+            copy = {k: self.wrap(value[k], f"{source}[{k!r}]") for k in keys}
+            self._track(source, copy, value)
+            return copy
+        if type(value) is ResumeIter:
+            g.type_is(source, ResumeIter)
+            g.add(f"{source}.pos == 0")
+            g.length(f"{source}.items", len(value.items))
+            return SymIter([self.wrap(v, f"{source}.items[{i}]") for i, v in enumerate(value.items)])
+        if type(value) is types.CellType:
+            # A cell handed over at a graph break; its contents are read lazily by LOAD_DEREF.
+            g.type_is(source, types.CellType)
+            self._remember(value, source)
+            return value
+        if value is NULL:
+            g.identity(source, NULL)
+            return NULL
+        if type(value) is GradRestore:
+            g.type_is(source, GradRestore)
+            g.add(f"{source}.restore is {value.restore}")
+            return GradModeExit(value.restore)
+        if isinstance(value, types.FunctionType) and "<locals>" in value.__qualname__:
+            # A closure is a new object on every call of its maker: guard what it runs
+            # (code, defaults, cell contents via their sources), not its identity.
+            g.type_is(source, types.FunctionType)
+            g.add(f"{source}.__code__ is {self.ns.const(value.__code__, 'code')}")
+            for i, cell in enumerate(value.__closure__ or ()):
+                self._remember(cell, f"{source}.__closure__[{i}]")
+            self._remember(value, source)
+            return value
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                              types.ModuleType, type, types.MethodDescriptorType,
+                              types.WrapperDescriptorType)) or callable(value) and not hasattr(value, "__dict__"):
+            g.identity(source, value)
+            self._remember(value, source)
+            return value
+        if isinstance(value, (slice, range, frozenset)):
+            g.type_is(source, type(value))
+            g.add(f"{source} == {self.ns.const(value)}")
+            return value
+        if isinstance(value, (set, SymCell, SymIter)):
+            raise Unsupported(f"cannot trace a {type(value).__name__} read from {source}")
+        # Any other object: same type; its attributes are guarded when read.
+        g.type_is(source, type(value))
+        self._remember(value, source)
+        return value
+
+    def _wrap_tensor(self, value: torch.Tensor, source: str) -> TensorVar:
+        same = self.tensor_by_id.get(id(value))
+        if same is not None:
+            self.guards.alias(source, same.source)
+            return same
+        if value.is_sparse or value.layout != torch.strided:
+            raise Unsupported(f"non-strided tensor input at {source}")
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.
+        anchor = self.inputs[-1].var.node if self.inputs else None
+        ctx = self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None)
+        with ctx:
+            node = self.graph.placeholder(self._placeholder_name(source))
+        node.meta["example_value"] = fake
+        var = TensorVar(node, fake, type(value), source)
+        self.guards.tensor(source, value)
+        self.inputs.append(GraphInput(source, var, value))
+        self.tensor_by_id[id(value)] = var
+        self._keep.append(value)
+        return var
+
+    def _placeholder_name(self, source: str) -> str:
+        return _readable(source, self.source_names)
+
+    def _remember(self, obj, source: str) -> None:
+        self.obj_source.setdefault(id(obj), source)
+        self._keep.append(obj)
+
+    def _track(self, source: str, copy, original) -> None:
+        snap = list(copy.items()) if isinstance(copy, dict) else list(copy)
+        t = TrackedContainer(source, copy, snap)
+        self.tracked.append(t)
+        self.tracked_by_id[id(copy)] = t
+
+    # ------------------------------------------------------------------ side effects
+    def record_setattr(self, obj, name: str, value) -> None:
+        src = self.source_of(obj)
+        if src is None:
+            raise Unsupported(f"attribute write {type(obj).__name__}.{name} on an object the "
+                              f"tracer cannot find again after the graph runs")
+        self.attr_overlay[(id(obj), name)] = value
+        self.side_effects.append(SideEffect("setattr", src, name, value))
+
+    def record_global(self, globals_dict: dict, name: str, value) -> None:
+        src = self.const_source(globals_dict, "G")
+        self.attr_overlay[(id(globals_dict), name)] = value
+        self.side_effects.append(SideEffect("setitem_global", src, name, value))
+
+    def record_cell(self, cell, value) -> None:
+        src = self.source_of(cell) or self.const_source(cell, "cell")
+        self.attr_overlay[(id(cell), "cell_contents")] = value
+        self.side_effects.append(SideEffect("cell", src, "cell_contents", value))
+
+    def overlay(self, obj, name: str, default=NULL):
+        return self.attr_overlay.get((id(obj), name), default)
+
+    # ------------------------------------------------------------------ grad mode
+    def set_grad(self, enabled: bool) -> None:
+        """Switch grad mode inside the graph (entering/leaving ``with torch.no_grad()``)."""
+        if enabled != self.grad_enabled:
+            self.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+            self.grad_enabled = enabled
+            self.grad_changed = True
+
+    # ------------------------------------------------------------------ graph ops
+    def call_graph(self, kind: str, target, args: tuple, kwargs: dict | None = None,
+                   allow_constant_result: bool = False, mutates: bool = False):
+        """Record one op; returns its symbolic result.
+
+        ``kind`` is ``call_function`` or ``call_method``. Non-tensor results are only
+        accepted (as constants) when ``allow_constant_result`` says they depend on
+        metadata alone; anything else is data-dependent and cannot be traced.
+        """
+        kwargs = kwargs or {}
+        fake_args = _map(args, _to_fake)
+        fake_kwargs = _map(kwargs, _to_fake)
+        try:
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except Unsupported:
+            raise
+        except Exception as e:
+            name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+            raise Unsupported(f"{name}: {type(e).__name__}: {_short(e)} "
+                              f"(data-dependent or unsupported while tracing)") from None
+        if result is None and mutates:  # e.g. setitem: recorded for its effect, returns None
+            node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
+            node.meta["example_value"] = None
+            return None
+        if not _has_tensor(result):
+            if allow_constant_result:
+                return result
+            name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+            raise Unsupported(f"{name} returns a non-tensor value ({type(result).__name__}) "
+                              f"that depends on tensor data")
+        node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
+        node.meta["example_value"] = result
+        where = self.where()
+        if where:
+            node.meta["stack_trace"] = f"  File {where}"
+        return self._wrap_result(node, result)
+
+    def _wrap_result(self, node: torch.fx.Node, result):
+        if isinstance(result, torch.Tensor):
+            return TensorVar(node, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    item = self.graph.call_function(operator.getitem, (node, i))
+                    item.meta["example_value"] = r
+                    items.append(TensorVar(item, r))
+                elif _has_tensor(r):
+                    raise Unsupported("nested tensor containers returned by an op")
+                else:
+                    items.append(r)
+            if isinstance(result, list):
+                return items
+            if type(result) is tuple:
+                return tuple(items)
+            return type(result)(items)  # torch.return_types structseqs take one sequence
+        raise Unsupported(f"op returned {type(result).__name__} holding tensors")
+
+
+def _readable(source: str, names: dict) -> str:
+    head = source.split("]", 1)[0] + "]" if source.startswith("L[") else ""
+    if head in names:
+        source = names[head] + source[len(head):]
+    name = "".join(c if c.isalnum() else "_" for c in source).strip("_")
+    for noise in ("_parameters_", "_buffers_", "_modules_"):
+        name = name.replace(noise, "_")
+    while "__" in name:
+        name = name.replace("__", "_")
+    name = name[:60] or "input"
+    return name if name[0].isalpha() else f"v_{name}"
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:160] if text else ""
+
+
+def _to_fake(v):
+    if isinstance(v, TensorVar):
+        return v.fake
+    if isinstance(v, torch.Tensor):
+        raise Unsupported("a real tensor reached the graph without a source (cannot be an input)")
+    return v
+
+
+def _to_node(v):
+    return v.node if isinstance(v, TensorVar) else v
+
+
+def _map(value, fn):
+    if isinstance(value, (TensorVar, torch.Tensor)):
+        return fn(value)
+    if type(value) is tuple:
+        return tuple(_map(v, fn) for v in value)
+    if type(value) is list:
+        return [_map(v, fn) for v in value]
+    if type(value) is dict:
+        return {k: _map(v, fn) for k, v in value.items()}
+    if type(value) is slice:
+        return slice(_map(value.start, fn), _map(value.stop, fn), _map(value.step, fn))
+    if isinstance(value, torch.Size):
+        return value
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return type(value)(*[_map(v, fn) for v in value])
+    if isinstance(value, (SymIter, SymCell)):
+        raise Unsupported(f"cannot pass a {type(value).__name__} to a torch op")
+    return fn(value)
+
+
+def _has_tensor(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_has_tensor(x) for x in v)
+    return False
+
+
+def is_stable_module(mod: types.ModuleType) -> bool:
+    name = getattr(mod, "__name__", "")
+    return name.split(".")[0] in _STABLE_MODULE_PREFIXES

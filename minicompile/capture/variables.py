@@ -1,0 +1,176 @@
+"""The symbolic values that live on the tracer's stack.
+
+Most values are plain Python objects: constants, modules, functions, and tuples/lists/dicts
+whose elements may be symbolic. Only what cannot be a real object gets a class here:
+tensors (an FX node plus a fake tensor), iterators, cells, functions made during tracing,
+bound methods we will inline, and the NULL that CPython pushes below a callable.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class Unsupported(Exception):
+    """A construct the tracer cannot follow. Becomes a graph break or a fallback.
+
+    ``where`` is the user's ``file:line`` of the innermost frame that hit it.
+    """
+
+    def __init__(self, reason: str, where: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.where = where
+
+
+class _Null:
+    """CPython's NULL stack slot (below a callable, or an unbound local)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self):
+        return "NULL"
+
+    def __reduce__(self):
+        return (_Null, ())
+
+
+NULL = _Null()
+
+
+class TensorVar:
+    """A tensor while tracing: the FX node that computes it and a fake tensor for metadata."""
+
+    __slots__ = ("node", "fake", "cls", "source")
+
+    def __init__(self, node: torch.fx.Node, fake: torch.Tensor, cls: type = torch.Tensor,
+                 source: str | None = None):
+        self.node = node
+        self.fake = fake
+        self.cls = cls          # the real Python type (Parameter, a subclass, or Tensor)
+        self.source = source    # set when this tensor is a graph input read from `source`
+
+    def __repr__(self):
+        return f"TensorVar({self.node.name}, {tuple(self.fake.shape)}, {self.fake.dtype})"
+
+
+@dataclass(eq=False)
+class TensorMethod:
+    """``tensor.name`` looked up but not yet called."""
+    tensor: TensorVar
+    name: str
+
+
+@dataclass(eq=False)
+class SymIter:
+    """An iterator over a list of (possibly symbolic) items, materialized when created."""
+    items: list
+    pos: int = 0
+
+    def next(self):
+        if self.pos >= len(self.items):
+            return NULL
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def remaining(self) -> list:
+        return self.items[self.pos:]
+
+
+class _EmptyCell:
+    def __repr__(self):
+        return "<empty cell>"
+
+
+EMPTY = _EmptyCell()
+
+
+@dataclass(eq=False)
+class SymCell:
+    """A closure cell created while tracing (``MAKE_CELL``)."""
+    value: Any = EMPTY
+
+
+@dataclass(eq=False)
+class SymFunction:
+    """A function object created by ``MAKE_FUNCTION`` during tracing."""
+    code: types.CodeType
+    globals: dict
+    name: str
+    defaults: tuple | None = None
+    kwdefaults: dict | None = None
+    closure: tuple = ()          # SymCell or real cell objects
+
+
+@dataclass(eq=False)
+class SymBoundMethod:
+    """``obj.method`` where ``method`` is a Python function we will inline with ``obj`` first."""
+    func: Any                    # types.FunctionType or SymFunction
+    self_value: Any
+
+
+@dataclass(eq=False)
+class ResumeIter:
+    """What a symbolic iterator becomes when a graph break hands it to real Python.
+
+    A real iterator over the remaining items; when tracing resumes, the tracer reads
+    ``items`` back instead of consuming it, so both sides agree on what is left.
+    """
+    items: list = field(default_factory=list)
+    pos: int = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+
+@dataclass(eq=False)
+class GradModeCtx:
+    """``torch.no_grad()`` / ``torch.enable_grad()`` before its ``with`` enters it."""
+    enabled: bool
+
+
+@dataclass(eq=False)
+class GradModeExit:
+    """The ``__exit__`` a ``with torch.no_grad()`` block left on the stack."""
+    restore: bool
+
+
+class GradRestore:
+    """A GradModeExit handed to real Python at a graph break inside the ``with`` block."""
+
+    def __init__(self, restore: bool):
+        self.restore = restore
+
+    def __call__(self, *exc_info):
+        torch._C._set_grad_enabled(self.restore)
+        return False
+
+
+def contains_symbolic(value, _depth: int = 0) -> bool:
+    """True when a value is, or holds, something only the tracer understands."""
+    if isinstance(value, (TensorVar, TensorMethod, SymIter, SymCell, SymFunction,
+                          SymBoundMethod, GradModeExit, GradModeCtx)):
+        return True
+    if _depth > 8:
+        return False
+    if isinstance(value, (tuple, list)):
+        return any(contains_symbolic(v, _depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(contains_symbolic(v, _depth + 1) for v in value.values())
+    if isinstance(value, slice):
+        return any(contains_symbolic(v, _depth + 1) for v in (value.start, value.stop, value.step))
+    return False

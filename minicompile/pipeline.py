@@ -13,6 +13,7 @@ from __future__ import annotations
 import linecache
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -112,14 +113,28 @@ def _pick_backend(lowered) -> str:
 
 
 def _sources(gm) -> dict:
-    """FX node name -> the user's source line it came from (when the tracer recorded one)."""
+    """FX node name -> "file.py:LINE: code", the user's source line it came from (when recorded)."""
     out = {}
     for node in gm.graph.nodes:
         trace = node.meta.get("stack_trace")
         if trace:
-            lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-            out[node.name] = " | ".join(lines[-2:]) if len(lines) >= 2 else lines[-1]
+            out[node.name] = _last_frame(trace)
     return out
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _last_frame(trace: str) -> str:
+    # A traceback frame is 'File "f.py", line N, in fn' + the code line, and since Python
+    # 3.11 often a '^^^^' marker line, which says nothing to a reader of kernel headers.
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
+    for k in range(len(lines) - 1, -1, -1):
+        m = _FRAME.search(lines[k])
+        if m:
+            code = lines[k + 1] if k + 1 < len(lines) else ""
+            return f"{os.path.basename(m['file'])}:{m['line']}: {code}".rstrip(": ")
+    return lines[-1] if lines else ""
 
 
 def _output_spec(gm):

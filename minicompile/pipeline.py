@@ -29,6 +29,8 @@ from minicompile.ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from minicompile.lowering import GraphLowering
 from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
+from minicompile.tools import artifacts
+from minicompile.tools.highlight import highlight
 
 log = logging.getLogger("minicompile")
 
@@ -97,7 +99,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     stamp("load")
     compiled = CompiledGraph(aten_gm, lowered, plan, kernels.source, wrapper_source, backend.name, run,
                              out_spec, timings)
-    _debug_dump(compiled)
+    _debug_dump(compiled, gm)
     return compiled
 
 
@@ -154,17 +156,14 @@ def _load_wrapper(source: str, lib, externs, constants) -> Callable:
     return namespace["make"](lib, externs, constants)
 
 
-def _debug_dump(compiled: CompiledGraph) -> None:
+def _debug_dump(compiled: CompiledGraph, gm: torch.fx.GraphModule) -> None:
+    """MINICOMPILE_DEBUG=1..5: the same printers as ``minicompile inspect`` (docs/cli.md has the table)."""
     level = config.debug
     if level <= 0:
         return
-    t = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
-    print(f"[minicompile] graph: {compiled.num_kernels} kernels, {len(compiled.externs)} externs ({t})")
-    if level >= 2:
-        print(compiled.explain())
-    if level >= 3:
-        print(compiled.aten_graph.print_readable(print_output=False))
-    if level >= 4:
-        print(compiled.kernel_source)
-    if level >= 5:
-        print(compiled.wrapper_source)
+    print(f"[minicompile] graph: {artifacts.summary(compiled)}")
+    for name in artifacts.debug_stages(level):
+        stage = artifacts.STAGES[name]
+        _, language = artifacts.stage_file(stage, compiled)
+        print(artifacts.banner(f"[minicompile] {stage.title}"))
+        print(highlight(stage.render(gm, compiled), language), end="")

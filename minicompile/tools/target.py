@@ -78,7 +78,8 @@ def _import_attr(spec: str, module_name: str, attr: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise TargetError(f"TARGET {spec!r}: cannot import module {module_name!r} ({e}).") from e
+        raise TargetError(f"TARGET {spec!r}: cannot import module {module_name!r} ({e}); run minicompile "
+                          f"from the directory that holds it, or install its package.") from e
     try:
         return getattr(module, attr)
     except AttributeError:

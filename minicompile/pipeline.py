@@ -13,6 +13,7 @@ from __future__ import annotations
 import linecache
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from minicompile.ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from minicompile.lowering import GraphLowering
 from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
+from minicompile.tools import artifacts
+from minicompile.tools.highlight import highlight
 
 log = logging.getLogger("minicompile")
 
@@ -103,7 +106,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     stamp("load")
     compiled = CompiledGraph(aten_gm, lowered, plan, kernels.source, wrapper_source, backend.name, run,
                              out_spec, timings)
-    _debug_dump(compiled)
+    _debug_dump(compiled, gm)
     return compiled
 
 
@@ -119,14 +122,28 @@ def _pick_backend(gm: torch.fx.GraphModule) -> str:
 
 
 def _sources(gm) -> dict:
-    """FX node name -> the user's source line it came from (when the tracer recorded one)."""
+    """FX node name -> "file.py:LINE: code", the user's source line it came from (when recorded)."""
     out = {}
     for node in gm.graph.nodes:
         trace = node.meta.get("stack_trace")
         if trace:
-            lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-            out[node.name] = " | ".join(lines[-2:]) if len(lines) >= 2 else lines[-1]
+            out[node.name] = _last_frame(trace)
     return out
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _last_frame(trace: str) -> str:
+    # A traceback frame is 'File "f.py", line N, in fn' + the code line, and since Python
+    # 3.11 often a '^^^^' marker line, which says nothing to a reader of kernel headers.
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
+    for k in range(len(lines) - 1, -1, -1):
+        m = _FRAME.search(lines[k])
+        if m:
+            code = lines[k + 1] if k + 1 < len(lines) else ""
+            return f"{os.path.basename(m['file'])}:{m['line']}: {code}".rstrip(": ")
+    return lines[-1] if lines else ""
 
 
 def _output_spec(gm):
@@ -146,17 +163,14 @@ def _load_wrapper(source: str, lib, externs, constants) -> Callable:
     return namespace["make"](lib, externs, constants)
 
 
-def _debug_dump(compiled: CompiledGraph) -> None:
+def _debug_dump(compiled: CompiledGraph, gm: torch.fx.GraphModule) -> None:
+    """MINICOMPILE_DEBUG=1..5: the same printers as ``minicompile inspect`` (docs/cli.md has the table)."""
     level = config.debug
     if level <= 0:
         return
-    t = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
-    print(f"[minicompile] graph: {compiled.num_kernels} kernels, {len(compiled.externs)} externs ({t})")
-    if level >= 2:
-        print(compiled.explain())
-    if level >= 3:
-        print(compiled.aten_graph.print_readable(print_output=False))
-    if level >= 4:
-        print(compiled.kernel_source)
-    if level >= 5:
-        print(compiled.wrapper_source)
+    print(f"[minicompile] graph: {artifacts.summary(compiled)}")
+    for name in artifacts.debug_stages(level):
+        stage = artifacts.STAGES[name]
+        _, language = artifacts.stage_file(stage, compiled)
+        print(artifacts.banner(f"[minicompile] {stage.title}"))
+        print(highlight(stage.render(gm, compiled), language), end="")

@@ -1,0 +1,99 @@
+"""The ``minicompile`` command: a thin dispatcher; the work lives in minicompile/tools/.
+
+    minicompile inspect TARGET [--stages ...] [--out DIR]
+    minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
+    minicompile cache info | clear
+
+Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
+TARGET that cannot be loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from minicompile.tools.target import CONVENTION, TargetError
+
+DEBUG_HELP = "MINICOMPILE_DEBUG=1..5 prints the same stages while any program compiles (see docs/cli.md)."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minicompile", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Inspect what minicompile does to a model, benchmark it against eager and Inductor, "
+                    "manage the kernel cache.",
+        epilog=f"{CONVENTION}\n\n{DEBUG_HELP}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ins = sub.add_parser("inspect", help="show graphs, breaks, guards, fusion groups, kernels and wrapper",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=CONVENTION)
+    ins.add_argument("target", metavar="TARGET", help="script.py or module:callable (see below)")
+    ins.add_argument("--stages", default="all",
+                     help="comma-separated stages to print: breaks, guards, graph, aten, fusion, kernels, "
+                          "wrapper (default: all)")
+    ins.add_argument("--out", metavar="DIR", help="also write every artifact, and a reproducer per graph, to DIR")
+    ins.add_argument("--frontend", default="dynamo", help="capture front end (default: dynamo)")
+
+    bench = sub.add_parser("bench", help="time eager vs minicompile vs Inductor on standard workloads")
+    bench.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions (< 3 min on 2 cores)")
+    bench.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    bench.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    bench.add_argument("--plot", metavar="FILE.png", help="write a bar chart of speedups (needs matplotlib)")
+    bench.add_argument("--workloads", help="comma-separated subset of workloads (default: all)")
+    # Test-only sizes: "tiny" runs in seconds; not advertised.
+    bench.add_argument("--size", choices=["full", "quick", "tiny"], help=argparse.SUPPRESS)
+    bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor column")
+
+    cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
+    cache.add_argument("action", choices=["info", "clear"])
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TargetError as e:
+        print(f"minicompile: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `minicompile inspect x | head`
+        return 0
+
+
+def _inspect(args) -> int:
+    from minicompile.tools import inspect
+    try:
+        stages = inspect.parse_stages(args.stages)
+    except ValueError as e:
+        print(f"minicompile inspect: {e}", file=sys.stderr)
+        return 2
+    if args.frontend not in inspect.FRONTENDS:
+        print(f"minicompile inspect: unknown front end {args.frontend!r}; "
+              f"available: {', '.join(inspect.FRONTENDS)}", file=sys.stderr)
+        return 2
+    return inspect.run_inspect(args.target, stages, args.out, args.frontend)
+
+
+def _bench(args) -> int:
+    from minicompile.tools import bench
+    return bench.run_bench(args)
+
+
+def _cache(args) -> int:
+    from minicompile.runtime import cache
+    if args.action == "info":
+        info = cache.info()
+        print(f"cache directory: {info['path']}\nfiles: {info['files']}\nsize: {info['bytes'] / 1e6:.1f} MB")
+    else:
+        removed = cache.clear()
+        print(f"removed {removed} file(s) from {cache.cache_root()}")
+    return 0
+
+
+# Imports of the heavy tools (torch, Dynamo) are deferred so `minicompile --help` and
+# `minicompile cache info` answer instantly.
+COMMANDS = {"inspect": _inspect, "bench": _bench, "cache": _cache}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""One printer per stage of a compilation; the CLI and MINICOMPILE_DEBUG both use these.
+
+A stage renders one captured graph (its FX graph and CompiledGraph) to text. STAGES names
+them in pipeline order; each knows the file name ``inspect --out`` writes it to and the
+language used to highlight it. DEBUG_LADDER says which stages each MINICOMPILE_DEBUG level
+prints. The printers need only a CompiledGraph's fields, so the pipeline can call them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Stage:
+    name: str
+    title: str
+    render: Callable      # (fx_graph | None, compiled | None) -> str
+    filename: str         # under --out DIR/graph<i>/
+    language: str | None  # for highlight.py
+
+
+def summary(compiled) -> str:
+    times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in compiled.timings.items())
+    total = sum(compiled.timings.values()) * 1000
+    return (f"{compiled.num_kernels} kernel(s), {len(compiled.externs)} extern call(s), backend {compiled.backend}; "
+            f"compiled in {total:.0f} ms ({times})")
+
+
+def fx_graph_text(fx_graph) -> str:
+    return fx_graph.print_readable(print_output=False).rstrip() + "\n"
+
+
+def aten_graph_text(compiled) -> str:
+    text = compiled.aten_graph.print_readable(print_output=False)
+    # make_fx names the class after the traced callable, often "<lambda>".
+    return re.sub(r"^class <lambda>\(", "class AtenGraph(", text).rstrip() + "\n"
+
+
+def fusion_text(compiled) -> str:
+    """Kernels with their FX nodes, unfused edges with reasons, extern reasons, source lines."""
+    lines = [compiled.explain()]
+    sources = compiled.lowering.sources or {}
+    per_kernel = []
+    for step in compiled.schedule.steps:
+        nodes = step.nodes if hasattr(step, "nodes") else [step.buffer]
+        origins = [o for n in nodes for o in getattr(n, "origins", ())]
+        where = list(dict.fromkeys(sources[o] for o in origins if o in sources))
+        if where:
+            per_kernel.append(f"{step.name}:")
+            per_kernel += [f"    {w}" for w in where]
+    if per_kernel:
+        lines.append("user source lines:")
+        lines += ["    " + ln for ln in per_kernel]
+    elif compiled.externs or compiled.schedule.steps:
+        lines.append("user source lines: none recorded (the tracer kept no stack traces for this graph)")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def kernel_text(compiled) -> str:
+    return (compiled.kernel_source or "// no generated kernels: every op is an extern call\n").rstrip() + "\n"
+
+
+def wrapper_text(compiled) -> str:
+    return compiled.wrapper_source.rstrip() + "\n"
+
+
+_KERNEL_SUFFIX = {"cpp": ("kernels.cpp", "cpp"), "triton": ("kernels.py", "python")}
+
+
+def stage_file(stage: Stage, compiled) -> tuple[str, str | None]:
+    """(file name, highlight language) of a stage; kernel source depends on the backend."""
+    if stage.name == "kernels" and compiled is not None:
+        return _KERNEL_SUFFIX.get(compiled.backend, ("kernels.txt", None))
+    return stage.filename, stage.language
+
+
+STAGES = {s.name: s for s in [
+    Stage("graph", "captured FX graph", lambda fx, c: fx_graph_text(fx), "fx_graph.py", "python"),
+    Stage("aten", "ATen graph (decomposed, functional)", lambda fx, c: aten_graph_text(c), "aten_graph.py", "python"),
+    Stage("fusion", "fusion groups", lambda fx, c: fusion_text(c), "fusion.txt", None),
+    Stage("kernels", "generated kernels", lambda fx, c: kernel_text(c), "kernels.cpp", "cpp"),
+    Stage("wrapper", "host wrapper", lambda fx, c: wrapper_text(c), "wrapper.py", "python"),
+]}
+
+# MINICOMPILE_DEBUG level -> the stages it adds (level 1 prints the one-line summary only).
+DEBUG_LADDER = {
+    1: [],
+    2: ["fusion"],
+    3: ["graph", "aten"],
+    4: ["kernels"],
+    5: ["wrapper"],
+}
+
+
+def debug_stages(level: int) -> list[str]:
+    names = [s for lvl, stages in sorted(DEBUG_LADDER.items()) if lvl <= level for s in stages]
+    return [s for s in STAGES if s in names]   # pipeline order
+
+
+def banner(title: str) -> str:
+    return f"=== {title} " + "=" * max(3, 76 - len(title))

@@ -1,0 +1,137 @@
+"""``minicompile inspect TARGET``: show every stage of compiling a model, or write it to files.
+
+Stage by stage, for each captured graph: the FX graph, the ATen graph, the fusion groups
+(kernels with their FX nodes and the user's source lines, unfused edges and extern calls
+with reasons), the generated kernels and the host wrapper; before them, the graph breaks
+and guards of the capture. ``--out DIR`` writes all of it, plus a reproducer per graph.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from minicompile.tools.artifacts import STAGES, banner, stage_file, summary
+from minicompile.tools.capture import FRONTENDS, CaptureReport
+from minicompile.tools.highlight import highlight
+from minicompile.tools.repro import write_repro
+from minicompile.tools.target import load_target
+
+CAPTURE_STAGES = ["breaks", "guards"]
+ALL_STAGES = CAPTURE_STAGES + list(STAGES)
+
+
+def parse_stages(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if names == ["all"]:
+        return ALL_STAGES
+    unknown = [s for s in names if s not in ALL_STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(ALL_STAGES)} or 'all'")
+    return names
+
+
+def run_inspect(target_spec: str, stages: list[str], out_dir: str | None, frontend: str, stream=None) -> int:
+    stream = stream or sys.stdout
+    target = load_target(target_spec)
+    report = FRONTENDS[frontend](target.model, target.example_inputs)
+    text_blocks = render_report(report, target.name, stages, stream)
+    for block in text_blocks:
+        stream.write(block)
+    if out_dir:
+        paths = write_artifacts(report, target.name, out_dir)
+        stream.write(f"\nwrote {len(paths)} file(s) to {out_dir}\n")
+    return 0
+
+
+def headline(report: CaptureReport, name: str) -> str:
+    lines = [f"minicompile inspect {name}: {len(report.graphs)} graph(s), {len(report.breaks)} graph break(s), "
+             f"{len(report.guards)} guard(s) (front end: {report.frontend})"]
+    for rec in report.graphs:
+        detail = summary(rec.compiled) if rec.compiled is not None else rec.note
+        lines.append(f"  graph {rec.index}: {detail}")
+    lines.append(f"  compiled output vs eager: {_compare(report.outputs, report.eager_outputs)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_report(report: CaptureReport, name: str, stages: list[str], stream) -> list[str]:
+    blocks = [headline(report, name)]
+    if "breaks" in stages:
+        blocks.append("\n" + banner("graph breaks") + "\n" + breaks_text(report))
+    if "guards" in stages:
+        blocks.append("\n" + banner("guards") + "\n" + guards_text(report))
+    for rec in report.graphs:
+        for name_ in (s for s in STAGES if s in stages):
+            stage = STAGES[name_]
+            if rec.compiled is None and name_ != "graph":
+                continue
+            _, language = stage_file(stage, rec.compiled)
+            text = stage.render(rec.fx_graph, rec.compiled)
+            blocks.append(f"\n{banner(f'graph {rec.index}: {stage.title}')}\n{highlight(text, language, stream)}")
+    return blocks
+
+
+def breaks_text(report: CaptureReport) -> str:
+    if not report.breaks:
+        return "none: the model was captured as one graph\n" if len(report.graphs) <= 1 else "none reported\n"
+    return "".join(f"break {i}: {b.where}\n    {b.reason}\n" for i, b in enumerate(report.breaks))
+
+
+# Guards on what the user controls; the rest (module types, hook dicts, identities of
+# globals) are summarised on screen and written in full to guards.txt.
+KEY_GUARDS = ("TENSOR_MATCH", "CONSTANT_MATCH", "EQUALS_MATCH", "SEQUENCE_LENGTH", "GRAD_MODE", "SHAPE_ENV",
+              "DEFAULT_DEVICE")
+
+
+def guards_text(report: CaptureReport, full: bool = False) -> str:
+    if not report.guards:
+        return "none\n"
+    shown = [g for g in report.guards if full or g.kind in KEY_GUARDS]
+    text = "".join(f"{g}\n" for g in shown)
+    hidden = len(report.guards) - len(shown)
+    if hidden:
+        text += f"... and {hidden} structural guard(s) (types, identities, hooks); --out DIR writes all to guards.txt\n"
+    return text
+
+
+def write_artifacts(report: CaptureReport, name: str, out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+
+    def write(path, text):
+        with open(path, "w") as f:
+            f.write(text)
+        paths.append(path)
+
+    write(os.path.join(out_dir, "summary.txt"), headline(report, name))
+    write(os.path.join(out_dir, "breaks.txt"), breaks_text(report))
+    write(os.path.join(out_dir, "guards.txt"), guards_text(report, full=True))
+    for rec in report.graphs:
+        gdir = os.path.join(out_dir, f"graph{rec.index}")
+        os.makedirs(gdir, exist_ok=True)
+        for stage in STAGES.values():
+            if rec.compiled is None and stage.name != "graph":
+                continue
+            filename, _ = stage_file(stage, rec.compiled)
+            write(os.path.join(gdir, filename), stage.render(rec.fx_graph, rec.compiled))
+        if rec.compiled is not None:
+            paths.append(write_repro(rec.compiled, rec.example_inputs, gdir, f"graph {rec.index} of {name}"))
+    return paths
+
+
+def _compare(out, ref) -> str:
+    flat_out, _ = torch.utils._pytree.tree_flatten(out)
+    flat_ref, _ = torch.utils._pytree.tree_flatten(ref)
+    if len(flat_out) != len(flat_ref):
+        return f"MISMATCH ({len(flat_out)} outputs, eager has {len(flat_ref)})"
+    worst = 0.0
+    for o, r in zip(flat_out, flat_ref):
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel():
+            if o.shape != r.shape:
+                return f"MISMATCH (shape {tuple(o.shape)} vs eager {tuple(r.shape)})"
+            worst = max(worst, (o.double() - r.double()).abs().nan_to_num(0).max().item())
+        elif isinstance(r, torch.Tensor):
+            if not torch.equal(o, r):
+                return "MISMATCH (non-float output differs)"
+    return f"max abs diff {worst:.3g}"

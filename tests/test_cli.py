@@ -1,0 +1,181 @@
+"""The `minicompile` command, run as a subprocess the way users run it."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from minicompile.pipeline import _last_frame
+
+
+def test_source_lines_drop_caret_markers():
+    trace = ('  File "/home/u/model.py", line 11, in forward\n'
+             '    h = torch.softmax(self.ln(x), dim=-1)\n'
+             '        ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n')
+    assert _last_frame(trace) == "model.py:11: h = torch.softmax(self.ln(x), dim=-1)"
+
+
+CLI = [sys.executable, "-m", "minicompile.cli"]
+
+MODEL_WITH_EXTERN = textwrap.dedent("""
+    import torch
+
+    def model(x, w):
+        h = torch.softmax(x, dim=-1) * w
+        return torch.cumsum(h, dim=1) + 1.0   # cumsum has no lowering: an extern call
+
+    example_inputs = (torch.randn(8, 32), torch.randn(32))
+""")
+
+FACTORY_MODULE = textwrap.dedent("""
+    import torch
+
+    def get_model():
+        return torch.nn.LayerNorm(16).eval(), (torch.randn(4, 16),)
+""")
+
+
+def run_cli(*args, cwd=None, timeout=300):
+    env = dict(os.environ)
+    env.pop("MINICOMPILE_DEBUG", None)
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def inspected(tmp_path_factory):
+    """One `inspect --out` run of a script with an extern fallback, shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("inspect")
+    script = tmp / "model_with_extern.py"
+    script.write_text(MODEL_WITH_EXTERN)
+    out = tmp / "artifacts"
+    proc = run_cli("inspect", str(script), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, out
+
+
+def test_inspect_shows_every_stage(inspected):
+    stdout, _ = inspected
+    for title in ("graph breaks", "guards", "captured FX graph", "ATen graph", "fusion groups",
+                  "generated kernels", "host wrapper"):
+        assert title in stdout, title
+    assert "1 graph(s), 0 graph break(s)" in stdout
+    assert "TENSOR_MATCH" in stdout and "float32[8, 32]" in stdout
+    assert "extern void kernel0" in stdout or "kernel0" in stdout
+
+
+def test_inspect_shows_extern_reason(inspected):
+    stdout, _ = inspected
+    assert "extern cumsum (aten::cumsum): no lowering for aten::cumsum" in stdout
+
+
+def test_inspect_shows_user_source_lines(inspected):
+    # Needs aot/trace.py to run the graph under torch.fx.traceback.preserve_node_meta();
+    # without it the ATen graph has no stack traces and no source lines can be shown.
+    stdout, _ = inspected
+    assert "model_with_extern.py:5: h = torch.softmax(x, dim=-1) * w" in stdout
+
+
+def test_inspect_out_writes_artifacts_and_a_reproducer_that_matches_eager(inspected):
+    _, out = inspected
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"summary.txt", "breaks.txt", "guards.txt", "graph0/fx_graph.py", "graph0/aten_graph.py",
+            "graph0/fusion.txt", "graph0/kernels.cpp", "graph0/wrapper.py", "graph0/repro.py"} <= names
+    assert "no lowering for aten::cumsum" in (out / "graph0" / "fusion.txt").read_text()
+    proc = subprocess.run([sys.executable, str(out / "graph0" / "repro.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MATCH" in proc.stdout and "MISMATCH" not in proc.stdout
+
+
+def test_inspect_module_callable_target_and_stage_selection(tmp_path):
+    (tmp_path / "factory_target.py").write_text(FACTORY_MODULE)
+    proc = run_cli("inspect", "factory_target:get_model", "--stages", "fusion", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "fusion groups" in proc.stdout
+    assert "host wrapper" not in proc.stdout and "captured FX graph" not in proc.stdout
+
+
+@pytest.mark.parametrize("target, message", [
+    ("does_not_exist.py", "does not exist"),
+    ("no_such_module_xyz:get_model", "cannot import module 'no_such_module_xyz'"),
+    ("not a target", "neither an existing .py file nor module:callable"),
+])
+def test_inspect_bad_target_exits_2_with_a_clear_message(tmp_path, target, message):
+    proc = run_cli("inspect", target, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any(hint in proc.stderr for hint in ("get_model()", "module:callable", "run minicompile from"))
+
+
+def test_inspect_script_without_model_exits_2(tmp_path):
+    script = tmp_path / "empty.py"
+    script.write_text("x = 1\n")
+    proc = run_cli("inspect", str(script))
+    assert proc.returncode == 2
+    assert "defines neither `model` and `example_inputs` nor `get_model()`" in proc.stderr
+
+
+def test_inspect_unknown_stage_exits_2(tmp_path):
+    proc = run_cli("inspect", "x.py", "--stages", "graph,bogus")
+    assert proc.returncode == 2 and "unknown stage(s) bogus" in proc.stderr
+
+
+def test_help_documents_the_target_convention():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "get_model()" in proc.stdout and "example_inputs" in proc.stdout and "MINICOMPILE_DEBUG" in proc.stdout
+
+
+def test_cache_info_and_clear(tmp_path):
+    env_dir = tmp_path / "cache"
+    (env_dir / "cpp" / "ab").mkdir(parents=True)
+    (env_dir / "cpp" / "ab" / "entry.so").write_bytes(b"x" * 10)
+    env = dict(os.environ, MINICOMPILE_CACHE_DIR=str(env_dir))
+    info = subprocess.run(CLI + ["cache", "info"], capture_output=True, text=True, env=env)
+    assert info.returncode == 0 and str(env_dir) in info.stdout and "files: 1" in info.stdout
+    clear = subprocess.run(CLI + ["cache", "clear"], capture_output=True, text=True, env=env)
+    assert clear.returncode == 0 and "removed 1 file(s)" in clear.stdout
+    assert not (env_dir / "cpp").exists()
+
+
+def test_bench_tiny_workload_prints_all_columns_and_json(tmp_path):
+    # Inductor's cold compile takes ~30 s on 2 cores: the suite benchmarks minicompile vs eager
+    # only; `bench --quick` (all three columns) is run by hand and shown in docs/cli.md.
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "--workloads", "pointwise", "--size", "tiny", "--no-inductor", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for column in ("eager ms", "minicompile ms", "inductor ms", "mc compile s cold/warm", "copy GB/s"):
+        assert column in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["machine"]["torch"]
+    (r,) = data["results"]
+    assert r["workload"] == "pointwise"
+    assert r["eager"]["median_s"] > 0 and r["minicompile"]["median_s"] > 0
+    assert r["minicompile"]["max_abs_diff"] < 1e-5
+    assert r["minicompile"]["compile_s"] > 0 and r["minicompile"]["warm_compile_s"] > 0
+    assert r["copy_bytes_per_s"] > 0
+
+
+def test_bench_cuda_without_gpu_exits_cleanly():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    proc = run_cli("bench", "--device", "cuda")
+    assert proc.returncode == 2 and "no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_debug_ladder_prints_the_same_stages(tmp_path):
+    script = tmp_path / "dbg.py"
+    script.write_text("import torch\n"
+                      "f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend='minicompile')\n"
+                      "with torch.no_grad():\n    f(torch.randn(4, 8))\n")
+    env = dict(os.environ, MINICOMPILE_DEBUG="4")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "[minicompile] graph: 1 kernel(s)" in proc.stdout
+    for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels"):
+        assert title in proc.stdout
+    assert "host wrapper" not in proc.stdout

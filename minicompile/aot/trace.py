@@ -25,6 +25,7 @@ import torch
 import torch.fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -45,9 +46,10 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
     symbolic = any(_is_symbolic(x) for x in fake_inputs)
 
     def run_graph(*args):
-        return gm(*args)
+        # node by node, so each ATen node inherits its source node's stack trace
+        return torch.fx.Interpreter(gm).run(*args)
 
-    with torch.no_grad(), _real_constants_allowed(fake_mode):
+    with torch.no_grad(), _real_constants_allowed(fake_mode), torch.fx.traceback.preserve_node_meta():
         traced = _make_fx(torch.func.functionalize(run_graph, remove="mutations"), fake_inputs, symbolic)
         rewritten = _functionalize_leftover_inplace(traced)
         if any(op in DECOMPOSITIONS for op in rewritten):

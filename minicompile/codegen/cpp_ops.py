@@ -14,12 +14,15 @@ CTYPE = {
 }
 
 # (op) -> template; (op, "int") overrides for integer/bool operands.
+# cos adds +0.0f: the same value (cos is even, so -0.0 -> +0.0 changes nothing), but no longer
+# the same operand as a neighbouring sin(x), so g++ does not merge the pair into a scalar
+# sincosf call and both vectorise.
 TEMPLATES = {
     "abs": "std::abs({0})", "neg": "(-{0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
     "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})",
     "log10": "std::log10({0})", "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})",
     "rsqrt": "(1 / std::sqrt({0}))", "reciprocal": "(1 / {0})", "sin": "std::sin({0})",
-    "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
+    "cos": "std::cos({0} + 0.0f)", "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
     "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
     "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",

@@ -42,6 +42,7 @@ class CppOps:
     counter: list = field(default_factory=lambda: [0])
     cse: dict = field(default_factory=dict)
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
+    invariant: set = field(default_factory=set)  # values computed outside the current loop
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
         key = (expr, ctype_dtype)
@@ -86,6 +87,10 @@ class CppOps:
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
+        if op == "truediv" and args[1].expr in self.invariant and compute_dtype(dtype).is_floating_point:
+            # a per-row divisor (softmax's sum): multiply by its reciprocal, which the compiler
+            # hoists out of the loop, as eager's softmax does; vector division is ~10x slower
+            return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))")
         return self._tmp(compute_dtype(dtype), template(op, operand).format(*args))
 
     def indirect(self, x, size):
@@ -251,7 +256,8 @@ class CppKernel:
                 post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
         inner_lines = []
         loop_locals = dict(locals_)
-        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch)
+        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch,
+                     invariant={v.expr for _, v in locals_.values()})
         for n in stage.nodes:
             index, rindex = k.node_index(n)
             if isinstance(n.data, Reduction):

@@ -30,8 +30,8 @@ from minicompile.ir.nodes import ComputedBuffer, InputBuffer, StorageView
 from minicompile.lowering import GraphLowering
 from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
-from minicompile.tools import artifacts
-from minicompile.tools.highlight import highlight
+from minicompile.report import artifacts
+from minicompile.report.highlight import highlight
 
 log = logging.getLogger("minicompile")
 

@@ -12,9 +12,9 @@ import sys
 
 import torch
 
-from minicompile.tools.artifacts import STAGES, banner, stage_file, summary
+from minicompile.report.artifacts import STAGES, banner, stage_file, summary
 from minicompile.tools.capture import FRONTENDS, CaptureReport
-from minicompile.tools.highlight import highlight
+from minicompile.report.highlight import highlight
 from minicompile.tools.repro import write_repro
 from minicompile.tools.target import load_target
 

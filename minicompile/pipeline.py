@@ -53,8 +53,16 @@ class CompiledGraph:
     out_spec: Any
     timings: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Dynamo graphs return a flat tuple: the wrapper's result is already the answer
+        flat_tuple = pytree.tree_unflatten([0] * self.out_spec.num_leaves, self.out_spec)
+        self._returns_flat_tuple = (type(flat_tuple) is tuple and self.out_spec.num_leaves == len(flat_tuple)
+                                    and self.out_spec.num_nodes == len(flat_tuple) + 1)
+
     def __call__(self, *args):
         flat = self.run(args)
+        if self._returns_flat_tuple:
+            return flat
         return pytree.tree_unflatten(list(flat), self.out_spec)
 
     @property

@@ -25,6 +25,7 @@ class WrapperCode:
         self.suffix = ".data_ptr()" if pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
+        self.by_name = {b.name: b for b in lw.buffers}
 
     def _ref(self, obj) -> str:
         self.externs.append(obj)
@@ -105,10 +106,7 @@ class WrapperCode:
         return "\n".join(head + body + tail)
 
     def _buffer(self, name):
-        for b in self.lw.buffers:
-            if b.name == name:
-                return b
-        return None
+        return self.by_name.get(name)
 
     def _alloc(self, n: ComputedBuffer, pool, outputs) -> str:
         lay = n.layout

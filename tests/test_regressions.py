@@ -103,3 +103,32 @@ def test_constant_row_normalizes_to_exact_zero():
     # Welford kernel gives; floor() then sees 0, not -1e-8
     x = torch.randn(1).expand(7)
     check(lambda v: torch.floor(torch.nn.functional.layer_norm(v, v.shape[-1:])), x)
+
+
+def test_bf16_add_of_expanded_and_transposed_has_eager_strides():
+    # fake tensors run bf16 add through a float32 conversion that made the expanded input
+    # contiguous: the output got strides (4, 1) where eager's TensorIterator gives (1, 6)
+    a = torch.randn(4, 6, dtype=torch.bfloat16).t()
+    b = torch.randn(6, 1, dtype=torch.bfloat16).expand(6, 4)
+    c = check(lambda x, y: (torch.add(y, x), torch.sub(x, y), torch.mul(x, y)), a, b)
+    assert c(a, b)[0].stride() == torch.add(b, a).stride() == (1, 6)
+
+
+def test_fuzzer_stride_seeds():
+    # the four output-stride mismatches of the 10,000-program run (docs/testing.md)
+    from minicompile.testing.fuzz import check_batch, generate
+    for seed in (100256, 102003, 103812, 109758):
+        assert check_batch([generate(seed)]) is None, seed
+
+
+def test_extern_result_is_conformed_to_the_layout_kernels_read():
+    # kernels index an extern's result with the traced strides; if eager picks others at
+    # run time the wrapper copies it into the traced layout instead of misreading it
+    c = check(lambda x: torch.cumsum(x, 0) * 2, torch.randn(4, 3).t())
+    assert "conform(" in c.wrapper_source
+    ns: dict = {}
+    exec(c.wrapper_source, ns)
+    t = torch.randn(4, 3).t()
+    fixed = ns["conform"](t, (3, 4), (4, 1))
+    assert fixed.stride() == (4, 1) and torch.equal(fixed, t)
+    assert ns["conform"](t, (3, 4), (1, 3)) is t

@@ -14,7 +14,8 @@ documented exception:
     input's storage. The copy_ nodes are the only mutating nodes; nothing reads them.
 
 Every placeholder, get_attr and call_function node carries ``node.meta["val"]``: a
-FakeTensor with eager's size/stride/dtype/device (or a tuple of them for multi-output
+FakeTensor with eager's size/stride/dtype/device (elementwise ops' strides are recomputed
+as eager's TensorIterator picks them, see ``strides.py``; or a tuple of them for multi-output
 ops, or a python/Sym int for int inputs).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
 
 aten = torch.ops.aten
@@ -59,6 +61,7 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
     _add_missing_input_meta(traced, fake_inputs, fake_mode)
     traced.recompile()
     _check_meta(traced)
+    restride_elementwise(traced, fake_mode)
     return traced
 
 

@@ -77,8 +77,11 @@ class WrapperCode:
                     args = ", ".join([self.value(a) for a in b.args] +
                                      [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
                     L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
+                    if b.layout is not None:
+                        L.append(self._conform(b))
                 elif isinstance(b, MultiOutput):
                     L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
+                    L.append(self._conform(b))
             for name in sorted(n for n, last in last_use.items() if last == step_no):
                 buf = self._buffer(name)
                 if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
@@ -94,6 +97,13 @@ class WrapperCode:
             "as_strided = torch.as_strided",
             "",
             "",
+            "def conform(t, size, stride):",
+            "    \"\"\"An extern's result in the layout the kernels index it with (a copy if eager chose another).\"\"\"",
+            "    if t.stride() == stride or all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):",
+            "        return t",
+            "    return empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)",
+            "",
+            "",
             "def make(lib, externs, constants):",
         ]
         head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
@@ -104,6 +114,10 @@ class WrapperCode:
         body = ["        " + ln for ln in L]
         tail = [f"        return ({ret}{',' if len(lw.outputs) == 1 else ''})", "", "    return call", ""]
         return "\n".join(head + body + tail)
+
+    def _conform(self, b) -> str:
+        lay = b.layout
+        return f"{b.name} = conform({b.name}, {lay.size}, {lay.stride})"
 
     def _buffer(self, name):
         return self.by_name.get(name)

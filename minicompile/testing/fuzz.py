@@ -106,7 +106,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minicompile.pipeline import compile_graph
-from minicompile.testing.compare import mismatch
+from minicompile.testing.compare import copy_preserving_strides, mismatch
 
 
 {make_input}
@@ -118,7 +118,7 @@ if __name__ == "__main__":
     inputs = [
         {inputs},
     ]
-    expected = program(*[x.clone() for x in inputs])
+    expected = program(*[copy_preserving_strides(x) for x in inputs])
     compiled = compile_graph(make_fx(program, tracing_mode="fake")(*inputs), list(inputs))
     print(compiled.explain())
     print(mismatch(expected, compiled(*inputs)) or "matches eager")

@@ -1,0 +1,189 @@
+"""Eager's output strides for elementwise ops, where fake tensors disagree with eager.
+
+    restride_elementwise(traced_gm, fake_mode)
+
+Eager runs every elementwise ATen op through TensorIterator, which picks the output's
+memory order from its inputs' strides. Fake tensors reach some of those ops through
+Python reference implementations that first convert narrow-dtype inputs to float32; the
+conversion makes an expanded input contiguous, and the output order then follows it. For
+``add`` of a bfloat16 (6,4) expanded input (strides (1,0)) and a transposed one (1,6),
+eager returns strides (1,6) while the fake tensor says (4,1).
+
+Our generated wrapper allocates outputs with the strides in ``node.meta["val"]``, so this
+pass recomputes them the way TensorIterator does and repairs the values in place, then
+re-runs the fake kernels of anything downstream (views of a repaired tensor change too).
+
+TensorIterator's rule, for an op whose output it allocates:
+  1. If every input has the output's shape: all contiguous -> contiguous; all
+     channels_last -> channels_last; all non-overlapping and dense with equal strides ->
+     those strides.
+  2. Otherwise sort the dimensions by stride, input by input in argument order: a
+     broadcast dimension (stride 0) defers to the next input; equal strides put the
+     smaller size first. The output is dense in that order.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch.utils import _pytree as pytree
+
+
+def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
+    """Make every elementwise node's meta['val'] carry eager's strides; returns how many changed."""
+    changed: set = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        if _is_elementwise(node, val):
+            operands = _tensor_operands(node)
+            strides = eager_elementwise_strides(tuple(val.shape), operands)
+            if strides is not None and strides != tuple(val.stride()):
+                with fake_mode:
+                    node.meta["val"] = torch.empty_strided(val.shape, strides, dtype=val.dtype, device=val.device)
+                changed.add(node)
+                continue
+        if any(n in changed for n in node.all_input_nodes) and _rerun(node, fake_mode):
+            changed.add(node)
+    return len(changed)
+
+
+def eager_elementwise_strides(shape: tuple, operands: list) -> tuple | None:
+    """The strides TensorIterator gives a fresh output of ``shape`` computed from ``operands``
+    (tensors, in argument order). None when a size or stride is symbolic."""
+    if any(not _concrete(t) for t in operands) or not all(isinstance(s, int) for s in shape):
+        return None
+    ndim = len(shape)
+    if ndim == 0 or not operands:
+        return _contiguous(shape)
+    if all(tuple(t.shape) == shape for t in operands):
+        if all(t.is_contiguous() for t in operands):
+            return _contiguous(shape)
+        if all(t.is_contiguous(memory_format=torch.channels_last) for t in operands):
+            return _channels_last(shape)
+        first = tuple(operands[0].stride())
+        if all(_non_overlapping_and_dense(t) and tuple(t.stride()) == first for t in operands):
+            return first
+    strides = [_broadcast_strides(t, shape) for t in operands]
+    perm = _iteration_order(shape, strides)
+    if perm == list(range(ndim - 1, -1, -1)):
+        return _contiguous(shape)
+    out = [0] * ndim
+    step = 1
+    for d in perm:  # fastest dimension first
+        out[d] = step
+        step *= shape[d]
+    return tuple(out)
+
+
+def _iteration_order(shape: tuple, strides: list) -> list:
+    """Dimensions from fastest- to slowest-moving, as TensorIterator orders them."""
+    ndim = len(shape)
+    if ndim == 1:
+        return [0]
+
+    def should_swap(d0, d1):
+        for st in strides:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue  # broadcast here: the next input decides
+            if s0 != s1:
+                return 1 if s0 > s1 else -1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))
+    for i in range(1, ndim):  # insertion sort that tolerates ambiguous comparisons
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    return perm
+
+
+def _broadcast_strides(t: torch.Tensor, shape: tuple) -> list:
+    """The input's strides over the broadcast shape: 0 for missing and broadcast dimensions."""
+    offset = len(shape) - t.dim()
+    out = [0] * len(shape)
+    for i, (n, s) in enumerate(zip(t.shape, t.stride())):
+        out[offset + i] = 0 if (n == 1 and shape[offset + i] != 1) else s
+    return out
+
+
+def _contiguous(shape: tuple) -> tuple:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _channels_last(shape: tuple) -> tuple:
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1)
+    step = 1
+    for s, n in dims:
+        if s != step:
+            return False
+        step *= n
+    return True
+
+
+def _is_elementwise(node: torch.fx.Node, val) -> bool:
+    target = node.target
+    return (
+        isinstance(target, torch._ops.OpOverload)
+        and torch.Tag.pointwise in target.tags
+        and isinstance(val, torch.Tensor)
+        and val.numel() > 0
+        and not any(r.alias_info is not None for r in target._schema.returns)
+        # clone/_to_copy follow their memory_format argument, not TensorIterator
+        and not any(a.name == "memory_format" for a in target._schema.arguments)
+        # a piece of a decomposition: eager ran the composite op, whose strides the
+        # decomposition already reproduces
+        and _same_op(node.meta.get("original_aten", target), target)
+    )
+
+
+def _same_op(a, b) -> bool:
+    # compared by name: the recorded overload need not be the identical Python object
+    return isinstance(a, torch._ops.OpOverload) and a.name() == b.name()
+
+
+def _tensor_operands(node: torch.fx.Node) -> list:
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    vals = [n.meta.get("val") for n in leaves if isinstance(n, torch.fx.Node)]
+    return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+def _concrete(t: torch.Tensor) -> bool:
+    return all(isinstance(x, int) for x in (*t.shape, *t.stride()))
+
+
+def _rerun(node: torch.fx.Node, fake_mode) -> bool:
+    """Recompute a node's fake value from its inputs' (repaired) values; True if it changed."""
+    args, kwargs = torch.fx.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    try:
+        with fake_mode:
+            new = node.target(*args, **kwargs)
+    except Exception:  # keep the traced value: it is what we had before this pass
+        return False
+    old = node.meta.get("val")
+    if _layouts(new) == _layouts(old) or any(free_symbols(x) for x in pytree.tree_leaves(new) if isinstance(x, torch.Tensor)):
+        return False
+    node.meta["val"] = new
+    return True
+
+
+def _layouts(v):
+    return [(tuple(x.shape), tuple(x.stride())) if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves(v)]

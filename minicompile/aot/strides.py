@@ -37,7 +37,7 @@ def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
             continue
         val = node.meta.get("val")
         if _is_elementwise(node, val):
-            operands = _tensor_operands(node)
+            operands = _promoted(_tensor_operands(node), val.dtype, skip_first=node.target.name() == "aten::where.self")
             strides = eager_elementwise_strides(tuple(val.shape), operands)
             if strides is not None and strides != tuple(val.stride()):
                 with fake_mode:
@@ -164,6 +164,33 @@ def _tensor_operands(node: torch.fx.Node) -> list:
     leaves = pytree.tree_leaves((node.args, node.kwargs))
     vals = [n.meta.get("val") for n in leaves if isinstance(n, torch.fx.Node)]
     return [v for v in vals if isinstance(v, torch.Tensor)]
+
+
+def _promoted(operands: list, out_dtype: torch.dtype, skip_first: bool = False) -> list:
+    """The operands as eager's CPU TensorIterator sees them: an input whose dtype is not the
+    common one is first converted with ``.to``, which makes a non-dense input (an expanded
+    one, say) contiguous. ``where``'s condition takes no part in promotion."""
+    fixed, rest = (operands[:1], operands[1:]) if skip_first else ([], operands)
+    if not rest or any(not _concrete(t) for t in rest):
+        return operands
+    acc = _like(rest[0], rest[0].dtype)
+    for t in rest[1:]:
+        acc = _like(t if t.dim() else acc, torch.result_type(acc, _like(t, t.dtype)))
+    common = acc.dtype
+    if out_dtype.is_floating_point and not (common.is_floating_point or common.is_complex):
+        common = out_dtype  # integer inputs of a float op (sin, true division) are converted
+    return fixed + [t if t.dtype == common else _converted(t, common) for t in rest]
+
+
+def _like(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # type promotion looks at dtype and at whether a tensor is 0-dim, nothing else
+    return torch.empty((0,) if t.dim() else (), dtype=dtype, device="meta")
+
+
+def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``'s layout (dense inputs keep their strides), computed on meta tensors."""
+    m = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta").to(dtype)
+    return torch.empty_strided(tuple(m.shape), tuple(m.stride()), dtype=dtype, device="meta")
 
 
 def _concrete(t: torch.Tensor) -> bool:

@@ -132,3 +132,11 @@ def test_extern_result_is_conformed_to_the_layout_kernels_read():
     fixed = ns["conform"](t, (3, 4), (4, 1))
     assert fixed.stride() == (4, 1) and torch.equal(fixed, t)
     assert ns["conform"](t, (3, 4), (1, 3)) is t
+
+
+def test_float_to_int_of_nan_and_out_of_range_matches_eager():
+    # fuzzer seed 205468: var of an empty tensor is NaN; NaN * 4 cast to int64 was folded to
+    # 0 by the C++ compiler (undefined behaviour) where eager gives the type's minimum
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, -2147483648.0])
+    check(lambda v: (v.to(torch.int64), v.to(torch.int32), v.double().to(torch.int32)), x)
+    check(lambda v: (torch.var(v, 0, keepdim=True) * 4).to(torch.int64), torch.randn(0))

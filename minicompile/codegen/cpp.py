@@ -83,6 +83,8 @@ class CppOps:
             return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))")
         if x.dtype == dtype:
             return x
+        if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
+            return self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})")
         return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})")
 
     def pointwise(self, op, *args, dtype):

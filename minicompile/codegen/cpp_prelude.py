@@ -44,4 +44,10 @@ template <typename T> static inline T mc_remainder_f(T a, T b) {
     return m;
 }
 template <typename T> static inline T mc_sign(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+// float -> integer as x86 truncates (and so eager): NaN and out-of-range values give the
+// type's minimum; a plain static_cast is undefined there and the compiler may fold it to 0
+template <typename I, typename F> static inline I mc_f2i(F x) {
+    const F lo = static_cast<F>(std::numeric_limits<I>::min());
+    return (x >= lo && x < -lo) ? static_cast<I>(x) : std::numeric_limits<I>::min();
+}
 """

@@ -71,7 +71,15 @@ class CppOps:
         return self._tmp(compute_dtype(dtype), raw)
 
     def constant(self, value, dtype):
-        return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
+        value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
+        self.invariant.add(value.expr)
+        return value
+
+    def _same_every_iteration(self, result: CV, *args) -> CV:
+        """A value computed only from loop invariants is one too (the divisor of a masked softmax)."""
+        if all(a.expr in self.invariant for a in args):
+            self.invariant.add(result.expr)
+        return result
 
     def index_expr(self, expr, dtype):
         return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({_R.render(expr)})")
@@ -84,8 +92,8 @@ class CppOps:
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
-            return self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})")
-        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})")
+            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})"), x)
+        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})"), x)
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
@@ -93,7 +101,7 @@ class CppOps:
             # a per-row divisor (softmax's sum): multiply by its reciprocal, which the compiler
             # hoists out of the loop, as eager's softmax does; vector division is ~10x slower
             return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))")
-        return self._tmp(compute_dtype(dtype), template(op, operand).format(*args))
+        return self._same_every_iteration(self._tmp(compute_dtype(dtype), template(op, operand).format(*args)), *args)
 
     def indirect(self, x, size):
         v = self._tmp(torch.int64, f"{x} < 0 ? {x} + {size} : {x}")

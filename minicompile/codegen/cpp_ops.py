@@ -18,7 +18,7 @@ CTYPE = {
 # the same operand as a neighbouring sin(x), so g++ does not merge the pair into a scalar
 # sincosf call and both vectorise.
 TEMPLATES = {
-    "abs": "std::abs({0})", "neg": "(-{0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "abs": "std::abs({0})", "neg": "(-{0})", "exp": "mc_exp({0})", "exp2": "std::exp2({0})",
     "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})",
     "log10": "std::log10({0})", "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})",
     "rsqrt": "(1 / std::sqrt({0}))", "reciprocal": "(1 / {0})", "sin": "std::sin({0})",
@@ -26,7 +26,7 @@ TEMPLATES = {
     "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
     "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",
-    "sigmoid": "(1 / (1 + std::exp(-{0})))", "relu": "({0} < 0 ? 0 : {0})",
+    "sigmoid": "(1 / (1 + mc_exp(-{0})))", "relu": "({0} < 0 ? 0 : {0})",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
     "trunc": "std::trunc({0})", "sign": "mc_sign({0})", "logical_not": "(!{0})",
     "bitwise_not": "(~{0})", "isnan": "std::isnan({0})", "isinf": "std::isinf({0})",

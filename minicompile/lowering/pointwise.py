@@ -45,10 +45,11 @@ def make_pointwise(op: str, *, compare: bool = False, operand_dtype=None):
 
         def body(ops, index):
             vals = []
-            for a, ld in zip(args, loaders):
+            for k, (a, ld) in enumerate(zip(args, loaders)):
                 if ld is not None:
                     v = ld(ops, index)
-                    vals.append(ops.to_dtype(v, cdtype) if compute_dtype(a.dtype) != cdtype else v)
+                    keep = compute_dtype(a.dtype) == cdtype or (op == "where" and k == 0)  # the condition stays bool
+                    vals.append(v if keep else ops.to_dtype(v, cdtype))
                 else:
                     vals.append(ops.constant(a, cdtype))
             return ops.pointwise(op, *vals, dtype=out_dtype)

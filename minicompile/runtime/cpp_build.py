@@ -11,10 +11,13 @@ import threading
 from minicompile.config import config
 from minicompile.runtime import cache
 
+# -mprefer-vector-width=512: g++ otherwise keeps to 256-bit vectors on AVX-512 machines; the
+# full width (and glibc's 16-lane math) ran the fused kernels 15-25% faster here. Machines
+# without AVX-512 ignore it.
 # -ffp-contract=off: no fused multiply-adds, so x*y - x*y is exactly 0 as in eager.
 # -fno-math-errno/-fno-trapping-math and __FAST_MATH__ let glibc hand the vectoriser its SIMD
 # exp/log/sin/...; unlike -ffast-math they keep NaN and Inf semantics, which eager relies on.
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+CXXFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
             "-D__FAST_MATH__", "-shared", "-fPIC", "-std=c++17", "-w"]
 
 

@@ -125,6 +125,15 @@ def _is_random(fn, inputs, expected) -> bool:
     return mismatch(expected, again) is not None
 
 
+# Their values are whatever the memory held: two eager runs may agree by chance, so the
+# check above cannot be trusted to catch them.
+UNINITIALIZED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
+
+
+def _uninitialized(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1] in UNINITIALIZED
+
+
 def _short(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return (text[0] if text else type(e).__name__)[:300]
@@ -196,7 +205,7 @@ def _sweep_samples(op, key, samples) -> OpResult:
         return res
     # OpInfos wrap random ops in a fixed seed, which tracing does not capture: find them by tag
     res.random = res.random or any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
-                                   for n in gm.graph.nodes if n.op == "call_function")
+                                   or _uninitialized(n.target) for n in gm.graph.nodes if n.op == "call_function")
     unbacked = _data_dependent(gm)
     if unbacked:
         res.status = "untraceable"

@@ -52,6 +52,9 @@ class Config:
     # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
     # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
     triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)
+    # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
+    # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
+    host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)
     # Triton on a GPU: time a few block sizes / num_warps per kernel and shape (cached on disk).
     triton_autotune: bool = _env("MINICOMPILE_TRITON_AUTOTUNE", True, bool)
 

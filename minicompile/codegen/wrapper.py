@@ -1,9 +1,9 @@
 """The host wrapper: Python that allocates buffers, calls kernels and externs, returns outputs.
 
 The generated module defines ``make(lib, externs, constants) -> call`` where ``call(args)``
-runs the graph. It imports only torch (the runtime hands it the kernel library), allocates
-outputs with eager's strides, and hands a dead intermediate's memory to the next buffer of
-the same size and dtype.
+runs the graph. It imports torch and the host buffer pool (the runtime hands it the kernel
+library), allocates outputs with eager's strides, and hands a dead intermediate's memory to
+the next buffer of the same size and dtype.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class WrapperCode:
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
             "import torch",
             "",
-            "empty_strided = torch.empty_strided",
+            "from minicompile.runtime.host_pool import empty_strided  # reuses large CPU buffers nobody holds",
             "as_strided = torch.as_strided",
             "",
             "",

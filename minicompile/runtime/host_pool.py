@@ -1,0 +1,82 @@
+"""Large CPU buffers kept for reuse once every tensor using them is gone.
+
+    buf = host_pool.empty_strided(size, stride, dtype=..., device=...)
+
+A fresh multi-megabyte CPU allocation is page-faulted in as it is first written, at about
+4 GB/s on the development machine (../docs/benchmarks.md): on a 8192x1024 layer_norm the
+32 MiB output cost 8 ms of faults per call, more than the kernel. Whether glibc hands back
+already-mapped memory depends on the allocation history of the whole process, so the same
+compiled graph ran 1.5x slower or faster from one process to the next.
+
+The wrapper allocates its intermediates and outputs here. Each buffer of at least
+``MIN_BYTES`` is remembered by its storage; a later request of the same byte size takes a
+remembered storage that nothing else references any more (its reference count is ours
+alone) and views it with the requested sizes and strides. Nothing a caller holds is ever
+handed out again: a returned output stays the caller's for as long as any tensor or view of
+it lives. The pool keeps at most ``config.host_pool_mb`` MiB; past that, the idle buffers
+are released first and new ones are no longer remembered. ``clear()`` drops every idle
+buffer. ``MINICOMPILE_HOST_POOL_MB=0`` turns the pool off.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from minicompile.config import config
+
+MIN_BYTES = 1 << 20
+
+_use_count = torch._C._storage_Use_Count
+_lock = threading.Lock()
+_storages: dict = {}   # nbytes -> [UntypedStorage]
+_total = [0]           # bytes of every remembered storage, idle or in use
+
+
+def empty_strided(size, stride, *, dtype, device):
+    """torch.empty_strided, served from remembered memory when possible (CPU, >= 1 MiB)."""
+    nbytes = _storage_bytes(size, stride, dtype)
+    limit = config.host_pool_mb << 20
+    if device.type != "cpu" or nbytes < MIN_BYTES or nbytes > limit:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    with _lock:
+        for st in _storages.get(nbytes, ()):
+            if _use_count(st._cdata) == 1 and st.nbytes() == nbytes:  # idle: nobody else holds it
+                return torch.empty(0, dtype=dtype).set_(st, 0, size, stride)
+        t = torch.empty_strided(size, stride, dtype=dtype, device=device)
+        if _total[0] + nbytes > limit:
+            _release_idle()
+        if _total[0] + nbytes <= limit:
+            _storages.setdefault(nbytes, []).append(t.untyped_storage())
+            _total[0] += nbytes
+        return t
+
+
+def clear() -> int:
+    """Release every idle buffer; returns the bytes released."""
+    with _lock:
+        return _release_idle()
+
+
+def held_bytes() -> int:
+    """Bytes of every remembered buffer (idle or still in use)."""
+    return _total[0]
+
+
+def _release_idle() -> int:
+    freed = 0
+    for nbytes, sts in list(_storages.items()):
+        keep = [st for st in sts if _use_count(st._cdata) > 1]
+        freed += nbytes * (len(sts) - len(keep))
+        if keep:
+            _storages[nbytes] = keep
+        else:
+            del _storages[nbytes]
+    _total[0] -= freed
+    return freed
+
+
+def _storage_bytes(size, stride, dtype) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(size, stride))) * dtype.itemsize

@@ -52,6 +52,9 @@ class Config:
     # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
     # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
     triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)
+    # CPU attention with at least this many scores (batch x heads x queries x keys) keeps
+    # eager's fused flash kernel as an extern call; smaller ones use the math form. 0: always math.
+    fused_attention_min_scores: int = _env("MINICOMPILE_FUSED_ATTENTION_MIN_SCORES", 1 << 18, int)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
     # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
     host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)

@@ -140,3 +140,18 @@ def test_float_to_int_of_nan_and_out_of_range_matches_eager():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 1e19, -1e19, 2.7, -2.7, -2147483648.0])
     check(lambda v: (v.to(torch.int64), v.to(torch.int32), v.double().to(torch.int32)), x)
     check(lambda v: (torch.var(v, 0, keepdim=True) * 4).to(torch.int64), torch.randn(0))
+
+
+def test_exp_special_values_and_range_match_eager():
+    # codegen's inline mc_exp: -inf -> 0, inf -> inf, NaN -> NaN, overflow, denormal results
+    special = torch.tensor([-float("inf"), float("inf"), float("nan"), 88.72, 88.73, -87.5, -103.5, -110.0, 0.0, -0.0])
+    x = torch.cat([special, torch.linspace(-105, 89, 4001), torch.randn(1000) * 10])
+    check(lambda v: (torch.exp(v), torch.sigmoid(v), torch.softmax(v.view(-1, 5011), -1)), x)
+
+
+def test_causal_softmax_with_masked_rows_matches_eager():
+    # half the exp inputs are -inf; a fully masked row gives NaN in eager and here
+    s = torch.randn(2, 16, 16)
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask[3] = False
+    check(lambda v: torch.softmax(v.masked_fill(~mask, float("-inf")), -1), s)

@@ -59,7 +59,10 @@ static inline float mc_bits_to_f32(int32_t i) { float f; std::memcpy(&f, &i, 4);
 static inline float mc_exp(float x) {
     bool zero = x < -104.0f;
     float xc = zero ? 0.0f : (x > 89.0f ? 89.0f : x);
-    float k = std::floor(xc * 1.44269504088896341f + 0.5f);
+    // k = round(x / ln2): adding 1.5 * 2^23 leaves k in the low mantissa bits
+    float kb = MC_FMA(xc, 1.44269504088896341f, 12582912.0f);
+    int32_t ki; std::memcpy(&ki, &kb, 4); ki -= 0x4B400000;
+    float k = kb - 12582912.0f;
     float r = MC_FMA(k, -0.693359375f, xc);
     r = MC_FMA(k, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
@@ -69,7 +72,6 @@ static inline float mc_exp(float x) {
     p = MC_FMA(p, r, 1.6666665459e-1f);
     p = MC_FMA(p, r, 5.0000001201e-1f);
     float y = MC_FMA(p * r, r, r) + 1.0f;
-    int32_t ki = static_cast<int32_t>(k);
     int32_t k1 = ki >> 1, k2 = ki - k1;
     float e = y * mc_bits_to_f32((k1 + 127) << 23) * mc_bits_to_f32((k2 + 127) << 23);
     return zero ? 0.0f : e;

@@ -221,3 +221,10 @@ def _triangle(upper: bool):
 
 register_lowering(aten.tril.default)(_triangle(upper=False))
 register_lowering(aten.triu.default)(_triangle(upper=True))
+
+
+@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def fused_cpu_attention(lw, node, *args, **kwargs):
+    # decomp/attention.py left it whole on purpose (see use_fused_cpu_attention)
+    raise Unsupported("eager's fused CPU attention streams the scores through cache; at this size it beats "
+                      "the math form (MINICOMPILE_FUSED_ATTENTION_MIN_SCORES=0 decomposes it)")

@@ -154,4 +154,4 @@ def test_causal_softmax_with_masked_rows_matches_eager():
     s = torch.randn(2, 16, 16)
     mask = torch.ones(16, 16, dtype=torch.bool).tril()
     mask[3] = False
-    check(lambda v: torch.softmax(v.masked_fill(~mask, float("-inf")), -1), s)
+    check(lambda v, m: torch.softmax(v.masked_fill(~m, float("-inf")), -1), s, mask)

@@ -155,3 +155,12 @@ def test_causal_softmax_with_masked_rows_matches_eager():
     mask = torch.ones(16, 16, dtype=torch.bool).tril()
     mask[3] = False
     check(lambda v, m: torch.softmax(v.masked_fill(~m, float("-inf")), -1), s, mask)
+
+
+def test_division_by_a_constant_is_not_a_reciprocal_multiply():
+    # fuzzer seed 201828: the mean of a constant float64 row became sum * (1/3), not sum / 3,
+    # so x - mean was 3.5e-14 instead of 0 and a later `> 0` picked the other branch
+    from minicompile.testing.fuzz import check_batch, generate
+    assert check_batch([generate(201828)]) is None
+    x = torch.full((3,), 0.1, dtype=torch.float64)
+    check(lambda v: (v - v.mean(0, keepdim=True), v / 3, torch.softmax(v.view(1, 3), -1)), x)

@@ -43,6 +43,7 @@ class CppOps:
     cse: dict = field(default_factory=dict)
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
     invariant: set = field(default_factory=set)  # values computed outside the current loop
+    constants: set = field(default_factory=set)  # values known when the kernel is generated
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
         key = (expr, ctype_dtype)
@@ -73,12 +74,15 @@ class CppOps:
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
         self.invariant.add(value.expr)
+        self.constants.add(value.expr)
         return value
 
     def _same_every_iteration(self, result: CV, *args) -> CV:
         """A value computed only from loop invariants is one too (the divisor of a masked softmax)."""
         if all(a.expr in self.invariant for a in args):
             self.invariant.add(result.expr)
+            if all(a.expr in self.constants for a in args):
+                self.constants.add(result.expr)
         return result
 
     def index_expr(self, expr, dtype):
@@ -97,7 +101,9 @@ class CppOps:
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
-        if op == "truediv" and args[1].expr in self.invariant and compute_dtype(dtype).is_floating_point:
+        # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
+        if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
+                and compute_dtype(dtype).is_floating_point):
             # a per-row divisor (softmax's sum): multiply by its reciprocal, which the compiler
             # hoists out of the loop, as eager's softmax does; vector division is ~10x slower
             return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))")

@@ -2,8 +2,9 @@
 
 The generated module defines ``make(lib, externs, constants) -> call`` where ``call(args)``
 runs the graph. It imports torch and the host buffer pool (the runtime hands it the kernel
-library), allocates outputs with eager's strides, and hands a dead intermediate's memory to
-the next buffer of the same size and dtype.
+library), allocates outputs with eager's strides (large CPU buffers from the pool, chosen
+when the wrapper is generated), and hands a dead intermediate's memory to the next buffer
+of the same size and dtype.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import math
 import torch
 
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
+from minicompile.runtime import host_pool
 from minicompile.scheduler.fusion import buffer_reads
 from minicompile.scheduler.kernel import FusedKernel
 
@@ -93,7 +95,9 @@ class WrapperCode:
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
             "import torch",
             "",
-            "from minicompile.runtime.host_pool import empty_strided  # reuses large CPU buffers nobody holds",
+            "from minicompile.runtime.host_pool import take as pooled  # large CPU buffers nobody holds any more",
+            "",
+            "empty_strided = torch.empty_strided",
             "as_strided = torch.as_strided",
             "",
             "",
@@ -129,6 +133,9 @@ class WrapperCode:
             old = pool[key].pop()
             return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
                 f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
+        nbytes = lay.storage_numel() * lay.dtype.itemsize
+        if lay.device.type == "cpu" and nbytes >= host_pool.MIN_BYTES:  # decided here, not on every call
+            return f"{n.name} = pooled({lay.size}, {lay.stride}, {lay.dtype}, {nbytes})"
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")
 

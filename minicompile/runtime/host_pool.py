@@ -36,14 +36,25 @@ _total = [0]           # bytes of every remembered storage, idle or in use
 def empty_strided(size, stride, *, dtype, device):
     """torch.empty_strided, served from remembered memory when possible (CPU, >= 1 MiB)."""
     nbytes = _storage_bytes(size, stride, dtype)
-    limit = config.host_pool_mb << 20
-    if device.type != "cpu" or nbytes < MIN_BYTES or nbytes > limit:
+    if device.type != "cpu" or nbytes < MIN_BYTES:
         return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return take(size, stride, dtype, nbytes)
+
+
+def take(size, stride, dtype, nbytes: int):
+    """A CPU tensor of ``nbytes`` bytes (at least MIN_BYTES) viewed as ``size``/``stride``.
+
+    The generated wrapper calls this directly for the buffers it knows, when it is
+    generated, to be large CPU ones; everything else there is a plain torch.empty_strided.
+    """
+    limit = config.host_pool_mb << 20
+    if nbytes > limit:
+        return torch.empty_strided(size, stride, dtype=dtype)
     with _lock:
         for st in _storages.get(nbytes, ()):
             if _use_count(st._cdata) == 1 and st.nbytes() == nbytes:  # idle: nobody else holds it
                 return torch.empty(0, dtype=dtype).set_(st, 0, size, stride)
-        t = torch.empty_strided(size, stride, dtype=dtype, device=device)
+        t = torch.empty_strided(size, stride, dtype=dtype)
         if _total[0] + nbytes > limit:
             _release_idle()
         if _total[0] + nbytes <= limit:

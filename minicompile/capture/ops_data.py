@@ -264,24 +264,9 @@ def _store_attr(frame, inst):
 
 
 # ---------------------------------------------------------------------- calls
-def split_call(stack: list, argc: int, kw_names: tuple):
-    """(callable, positional args, kwargs) of a CALL, without touching the stack."""
-    args = stack[len(stack) - argc:] if argc else []
-    first, second = stack[-argc - 2], stack[-argc - 1]
-    if first is NULL:
-        fn = second
-    else:
-        fn, args = first, [second, *args]
-    nkw = len(kw_names)
-    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
-    if nkw:
-        args = args[:len(args) - nkw]
-    return fn, list(args), kwargs
-
-
 @op("CALL")
 def _call(frame, inst):
-    fn, args, kwargs = split_call(frame.stack, inst.arg, frame.kw_names)
+    fn, args, kwargs = semantics.split_call(frame.stack, inst.arg, frame.kw_names)
     result = call(frame.tracer, fn, args, kwargs)
     frame.kw_names = ()
     frame.popn(inst.arg + 2)
@@ -302,4 +287,3 @@ def _call_function_ex(frame, inst):
     frame.push(result)
 
 
-__all__ = ["split_call"]

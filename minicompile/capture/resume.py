@@ -14,7 +14,7 @@ import dis
 import operator
 
 from minicompile.capture.frame import PY311, code_info
-from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS
+from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, split_call
 from minicompile.capture.variables import NULL, ResumeIter
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
@@ -59,18 +59,9 @@ def _iter_items(v) -> ResumeIter:
 # ---------------------------------------------------------------------- calls
 @native("CALL")
 def _call(action, stack):
-    argc, kw_names = action.inst.arg, action.kw_names
-    args = stack[len(stack) - argc:] if argc else []
-    first, second = stack[-argc - 2], stack[-argc - 1]
+    argc = action.inst.arg
+    fn, args, kwargs = split_call(stack, argc, action.kw_names)
     del stack[len(stack) - argc - 2:]
-    if first is NULL:
-        fn = second
-    else:
-        fn, args = first, [second, *args]
-    nkw = len(kw_names)
-    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
-    if nkw:
-        args = args[:len(args) - nkw]
     fn = action.cache.ctx.native_callable(fn)
     stack.append(fn(*args, **kwargs))
     return action.next_offset

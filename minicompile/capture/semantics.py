@@ -317,3 +317,18 @@ def setattr_(tracer: Tracer, obj, name: str, value) -> None:
     if tracer.source_of(obj) is None:
         tracer.const_source(obj, "obj")
     tracer.record_setattr(obj, name, value)
+
+
+def split_call(stack: list, argc: int, kw_names: tuple):
+    """(callable, positional args, kwargs) of a CALL, without touching the stack."""
+    args = stack[len(stack) - argc:] if argc else []
+    first, second = stack[-argc - 2], stack[-argc - 1]
+    if first is NULL:
+        fn = second
+    else:
+        fn, args = first, [second, *args]
+    nkw = len(kw_names)
+    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+    if nkw:
+        args = args[:len(args) - nkw]
+    return fn, list(args), kwargs

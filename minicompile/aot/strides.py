@@ -28,6 +28,8 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
+from minicompile.ir.nodes import contiguous_strides
+
 
 def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
     """Make every elementwise node's meta['val'] carry eager's strides; returns how many changed."""
@@ -56,19 +58,19 @@ def eager_elementwise_strides(shape: tuple, operands: list) -> tuple | None:
         return None
     ndim = len(shape)
     if ndim == 0 or not operands:
-        return _contiguous(shape)
+        return contiguous_strides(shape)
     if all(tuple(t.shape) == shape for t in operands):
         if all(t.is_contiguous() for t in operands):
-            return _contiguous(shape)
+            return contiguous_strides(shape)
         if all(t.is_contiguous(memory_format=torch.channels_last) for t in operands):
             return _channels_last(shape)
         first = tuple(operands[0].stride())
-        if all(_non_overlapping_and_dense(t) and tuple(t.stride()) == first for t in operands):
+        if all(is_non_overlapping_and_dense(t) and tuple(t.stride()) == first for t in operands):
             return first
     strides = [_broadcast_strides(t, shape) for t in operands]
     perm = _iteration_order(shape, strides)
     if perm == list(range(ndim - 1, -1, -1)):
-        return _contiguous(shape)
+        return contiguous_strides(shape)
     out = [0] * ndim
     step = 1
     for d in perm:  # fastest dimension first
@@ -116,23 +118,15 @@ def _broadcast_strides(t: torch.Tensor, shape: tuple) -> list:
     return out
 
 
-def _contiguous(shape: tuple) -> tuple:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _channels_last(shape: tuple) -> tuple:
     n, c, h, w = shape
     return (h * w * c, 1, w * c, c)
 
 
-def _non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1)
+def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
+    """Some permutation of the dims is contiguous (size-1 dims ignored)."""
     step = 1
-    for s, n in dims:
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
         if s != step:
             return False
         step *= n

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.strides import is_non_overlapping_and_dense
+
 # (rtol, atol) per dtype. Generated code computes in a different order and with libm/SIMD
 # transcendental functions, so float32 allows a few hundred ulps; bf16/fp16 are computed in
 # float32 and rounded once, so a one-ulp difference in the narrow type is allowed.
@@ -46,7 +48,7 @@ def _leaf_mismatch(e, a, values: bool) -> str | None:
         return f"dtype: eager {e.dtype}, compiled {a.dtype}"
     if e.shape != a.shape:
         return f"shape: eager {tuple(e.shape)}, compiled {tuple(a.shape)}"
-    if e.numel() > 0 and _is_dense(e):
+    if e.numel() > 0 and is_non_overlapping_and_dense(e):
         es = [s for s, n in zip(e.stride(), e.shape) if n > 1]
         as_ = [s for s, n in zip(a.stride(), a.shape) if n > 1]
         if es != as_:
@@ -92,14 +94,6 @@ def _same_scalar(e, a) -> bool:
     return e == a
 
 
-def _is_dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: some permutation of the dims is contiguous."""
-    expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def copy_preserving_strides(t):

@@ -20,16 +20,16 @@ _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
 # ---------------------------------------------------------------------- operators
 @op("BINARY_OP")
 def _binary_op(frame, inst):
-    fn = semantics.BINARY_OPS[_NB_SYMBOLS[inst.arg]]
-    a, b = frame.stack[-2], frame.stack[-1]
-    result = semantics.binary(frame.tracer, fn, a, b)
-    frame.popn(2)
-    frame.push(result)
+    _apply_binary(frame, semantics.BINARY_OPS[_NB_SYMBOLS[inst.arg]])
 
 
 @op("COMPARE_OP")
 def _compare_op(frame, inst):
-    fn = semantics.COMPARE_OPS[inst.argval]
+    _apply_binary(frame, semantics.COMPARE_OPS[inst.argval])
+
+
+def _apply_binary(frame, fn):
+    # operands stay on the stack until the result exists (a graph break sees them there)
     a, b = frame.stack[-2], frame.stack[-1]
     result = semantics.binary(frame.tracer, fn, a, b)
     frame.popn(2)

@@ -164,3 +164,26 @@ def test_division_by_a_constant_is_not_a_reciprocal_multiply():
     assert check_batch([generate(201828)]) is None
     x = torch.full((3,), 0.1, dtype=torch.float64)
     check(lambda v: (v - v.mean(0, keepdim=True), v / 3, torch.softmax(v.view(1, 3), -1)), x)
+
+
+def test_inline_sin_cos_match_eager_in_and_beyond_their_range():
+    # codegen's mc_sin_fast/mc_cos_fast reduce with a short pi/2: a row holding an argument
+    # beyond MC_TRIG_MAX (131072) is redone with the library's sin/cos
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e30, -3e5, 131071.9, 131072.5])
+    x = torch.cat([special, torch.linspace(-2e5, 2e5, 20001), torch.randn(5000) * 10])
+    fn = lambda v: ((torch.sin(v) * 2.0 + 1.0).relu() * torch.cos(v), torch.sin(v), torch.cos(v))
+    c = check(fn, x)
+    assert "= mc_sin_fast(" in c.kernel_source and "> MC_TRIG_MAX" in c.kernel_source
+    check(lambda v: 1 / torch.sin(v), torch.tensor([-0.0, 0.0, 1.0]))  # sin(-0) is -0: -inf here
+    rows = torch.randn(4, 300) * 4
+    rows[2, 7] = 5e6  # only this row takes the library path
+    check(fn, rows.t())
+    check(fn, x.to(torch.bfloat16))
+
+
+def test_sin_in_reductions_uses_the_library_and_in_place_sin_matches_eager():
+    # the redo is only sound for a pure map: a reduction loop keeps std::sin
+    x = torch.randn(8, 64) * 1e6
+    c = check(lambda v: torch.sin(v).sum(-1), x)
+    assert "= mc_sin_fast(" not in c.kernel_source and "std::sin(" in c.kernel_source
+    check(lambda v: v.sin_() * 2, x.clone())

@@ -7,6 +7,7 @@ the IR's body functions against CppOps, which emits one typed temporary per valu
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,8 @@ from minicompile.ir.ops import compute_dtype
 from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
+TRIG_ROW = 4096  # elements per range check of the inline sin/cos in a flat loop
+_FAST_TRIG = re.compile(r"\bmc_(sin|cos)_fast\(")
 
 
 @dataclass
@@ -44,6 +47,9 @@ class CppOps:
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
     invariant: set = field(default_factory=set)  # values computed outside the current loop
     constants: set = field(default_factory=set)  # values known when the kernel is generated
+    # None: sin/cos through the library. A list: inline mc_sin_fast/mc_cos_fast, and their
+    # arguments are collected here so the loop can check them against MC_TRIG_MAX
+    trig_args: list | None = None
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
         key = (expr, ctype_dtype)
@@ -107,6 +113,9 @@ class CppOps:
             # a per-row divisor (softmax's sum): multiply by its reciprocal, which the compiler
             # hoists out of the loop, as eager's softmax does; vector division is ~10x slower
             return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))")
+        if op in ("sin", "cos") and self.trig_args is not None and compute_dtype(dtype) == torch.float32:
+            self.trig_args.append(args[0].expr)
+            return self._same_every_iteration(self._tmp(torch.float32, f"mc_{op}_fast({args[0]})"), *args)
         return self._same_every_iteration(self._tmp(compute_dtype(dtype), template(op, operand).format(*args)), *args)
 
     def indirect(self, x, size):
@@ -160,6 +169,7 @@ class CppKernel:
         self.storage = storage
         self.sources = sources
         self.counter = [0]
+        self.trig_args = None
 
     def args(self):
         """(pointer name, dtype, written) for every buffer the kernel touches in memory."""
@@ -201,8 +211,11 @@ class CppKernel:
         inner_parallel = (k.is_reduction and k.outer_numel == 1 and work >= config.parallel_threshold
                           and all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min")
                                   for n in k.nodes if isinstance(n.data, Reduction)))
-        body = self._point_body(inner_parallel)
+        # inline sin/cos need a redo of the row when an argument is out of their range, which is
+        # only sound when the loop has no accumulators and writes no buffer it reads
         dims = list(zip(k.outer_vars, k.outer_ranges))
+        self.trig_args = [] if dims and not k.is_reduction and not self._reads_what_it_writes() else None
+        body = self._point_body(inner_parallel)
         if not dims:
             return body
         parallel = work >= config.parallel_threshold and not inner_parallel
@@ -220,7 +233,42 @@ class CppKernel:
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
+        if self.trig_args:
+            return self._rows_with_trig_check(headers, dims, body, parallel)
         return _nest(headers, body)
+
+    def _reads_what_it_writes(self) -> bool:
+        k = self.k
+        reads, writes = set(), set()
+        for n in k.nodes:
+            reads |= {self.storage.get(r.name, r.name) for r in k.reads(n)
+                      if r.name not in k.local and r.name not in k.scratch}
+            if n.name not in k.local and n.name not in k.scratch:
+                writes.add(self.storage.get(n.name, n.name))
+        return bool(reads & writes)
+
+    def _rows_with_trig_check(self, headers, dims, body, parallel) -> list:
+        """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
+        MC_TRIG_MAX" and, when one was, runs the row again with the library's sin/cos (which
+        rewrites every element of the row, so it needs the loop to be a pure map). A flat loop
+        is cut into rows of TRIG_ROW elements for this."""
+        v, size = dims[-1]
+        if len(dims) == 1:
+            start = f"{v.name}_row"
+            pragma = ["#pragma omp parallel for"] if parallel else []
+            headers = [pragma + [f"for (int64_t {start} = 0; {start} < {size}; {start} += {TRIG_ROW})"]]
+            lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {size})"
+        else:
+            headers, lo, hi = headers[:-1], "0", str(size)
+        checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(self.trig_args)]
+        library = [_FAST_TRIG.sub(r"std::\1(", ln) for ln in body]
+        loop = f"for (int64_t {v.name} = {lo}; {v.name} < {hi}; ++{v.name})"
+        row = ["int mc_big = 0;", "#pragma omp simd reduction(|:mc_big)", loop, "{"]
+        row += ["    " + ln for ln in body + checks]
+        row += ["}", "if (mc_big)  // some |x| beyond MC_TRIG_MAX: the row again, with the library's sin/cos", loop, "{"]
+        row += ["    " + ln for ln in library]
+        row.append("}")
+        return _nest(headers, row)
 
     def _point_body(self, inner_parallel: bool) -> list:
         """Statements for one outer point: the stages in order."""
@@ -235,7 +283,8 @@ class CppKernel:
                 self.scratch[n.name] = f"{n.name}_row[{flat}]"
         for stage in k.stages:
             if stage.kind == "scalar":
-                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch)
+                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch,
+                             trig_args=self.trig_args)
                 for n in stage.nodes:
                     index, _ = k.node_index(n)
                     value = n.data.body(ops, index)

@@ -9,6 +9,7 @@ using the range of each loop variable: ``(x // 8) * 8 + x % 8`` folds back to ``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -162,6 +163,10 @@ class Expr:
         if len(r.terms) == 1 and r.const == 0 and isinstance(r.terms[0][0], FloorDiv) and r.terms[0][1] == 1:
             inner = r.terms[0][0]
             return q + Expr.of(FloorDiv(inner.arg, inner.divisor * d))
+        split = _split_below(r, d)
+        if split:
+            m, big, _ = split
+            return q + big // (d // m)
         return q + Expr.of(FloorDiv(r, d))
 
     def __mod__(self, d: int) -> "Expr":
@@ -177,6 +182,10 @@ class Expr:
             inner = r.terms[0][0]
             if inner.divisor % d == 0:
                 return Expr.of(Mod(inner.arg, d))
+        split = _split_below(r, d)
+        if split:
+            m, big, small = split
+            return (big % (d // m)) * m + small
         return Expr.of(Mod(r, d))
 
     def clamp(self, lo: int, hi: int) -> "Expr":
@@ -242,6 +251,27 @@ def atoms_of(e: Expr) -> set:
         else:
             out |= atoms_of(a.arg)
     return out
+
+
+def _split_below(e: Expr, d: int):
+    """``e == m*big + small`` with ``m`` dividing ``d``, ``m > 1`` and ``0 <= small < m``, or None.
+
+    Then ``e // d == big // (d/m)`` and ``e % d == m*(big % (d/m)) + small``: a row index
+    ``1024*i + j`` (``j < 1024``) divided by ``1024*256`` is ``i // 256``, with no division of
+    the inner loop variable left for the vectoriser to trip over."""
+    terms = sorted(e.terms, key=lambda t: -abs(t[1]))
+    for k in range(1, len(terms) + 1):
+        m = d
+        for _, c in terms[:k]:
+            m = math.gcd(m, c)
+        if m <= 1:
+            return None
+        small = Expr._make(dict(terms[k:]), e.const % m)
+        lo, hi = small.range()
+        if lo >= 0 and hi < m:
+            big = Expr._make({a: c // m for a, c in terms[:k]}, e.const // m)
+            return m, big, small
+    return None
 
 
 def _fold_div_mod_pairs(coefs: dict) -> tuple[dict, int]:

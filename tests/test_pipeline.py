@@ -224,3 +224,21 @@ def test_internal_error_falls_back_to_eager_with_warning(monkeypatch, caplog):
 def test_op_returning_nothing_is_kept_as_extern():
     a = torch.randn(3, 3) + 3 * torch.eye(3)
     check(lambda t: torch.linalg.inv(t) * 2, a, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_products_with_a_large_weight_run_as_onednn_linear_and_match_eager():
+    # decomp/linalg.py use_onednn_linear: thresholds lowered so small layers take the path
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64, bias=False)).eval()
+    x, y = torch.randn(8, 64), torch.randn(64, 32)
+    with patch(onednn_linear_min_weight=1), torch.no_grad():
+        c = check(mlp, x, atol=1e-5, rtol=1e-4)
+        assert c.wrapper_source.count("# mkldnn._linear_pointwise.default:") == 2  # with and without bias
+        c = check(mlp, x.view(2, 4, 64), atol=1e-5, rtol=1e-4)                   # batch dims folded into rows
+        assert c.wrapper_source.count("# mkldnn._linear_pointwise.default:") == 2
+        c = check(lambda a, b: a @ b, x, y)                                     # not a transposed weight
+        assert "mkldnn" not in c.wrapper_source
+    with patch(onednn_linear_min_weight=1, onednn_linear_max_rows=0), torch.no_grad():
+        c = check(mlp, x)
+        assert "mkldnn" not in c.wrapper_source

@@ -4,7 +4,7 @@
     register_decomposition  the decorator that fills it (one module per op family)
     CORE_OPS                frozenset of OpOverloads (+ operator.getitem) the lowering
                             handles natively; see docs/core-ops.md
-    EXTERN_COMPUTE_OPS      mm, bmm, convolution: kept as extern calls on purpose
+    EXTERN_COMPUTE_OPS      mm, bmm, convolution, oneDNN linear: kept as extern calls on purpose
 """
 from minicompile.decomp.core_ops import CORE_OPS, EXTERN_COMPUTE_OPS, is_core
 from minicompile.decomp.registry import DECOMPOSITIONS, register_decomposition

@@ -71,7 +71,8 @@ CORE_OPS: frozenset = frozenset(
 )
 
 # Compute-bound ops that stay extern on purpose (vendor BLAS / oneDNN beat generated loops).
-EXTERN_COMPUTE_OPS: frozenset = frozenset(_overloads("mm bmm convolution"))
+EXTERN_COMPUTE_OPS: frozenset = frozenset(_overloads("mm bmm convolution")) | frozenset(
+    [torch.ops.mkldnn._linear_pointwise.default] if hasattr(torch.ops.mkldnn, "_linear_pointwise") else [])
 
 
 def is_core(target) -> bool:

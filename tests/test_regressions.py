@@ -187,3 +187,15 @@ def test_sin_in_reductions_uses_the_library_and_in_place_sin_matches_eager():
     c = check(lambda v: torch.sin(v).sum(-1), x)
     assert "= mc_sin_fast(" not in c.kernel_source and "std::sin(" in c.kernel_source
     check(lambda v: v.sin_() * 2, x.clone())
+
+
+def test_softmax_keeps_its_exp_row_in_the_output_and_matches_eager():
+    # codegen/cpp.py _output_row: the scratch row lives in the output row when that is sound
+    x = torch.randn(64, 300)
+    c = check(lambda v: torch.softmax(v, -1), x)
+    assert "the output row, written over in place" in c.kernel_source
+    c = check(lambda v: (torch.softmax(v, -1), torch.log_softmax(v, -1), torch.softmax(v.t(), -1)), x)
+    c = check(lambda v: torch.softmax(v, -1).to(torch.bfloat16), x)  # other type: its own array
+    assert "the output row, written over in place" not in c.kernel_source
+    mask = torch.rand(64, 300) > 0.5
+    check(lambda v, m: torch.softmax(v.masked_fill(m, float("-inf")), -1) * 2 + v, x, mask)

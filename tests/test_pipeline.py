@@ -242,3 +242,31 @@ def test_products_with_a_large_weight_run_as_onednn_linear_and_match_eager():
     with patch(onednn_linear_min_weight=1, onednn_linear_max_rows=0), torch.no_grad():
         c = check(mlp, x)
         assert "mkldnn" not in c.wrapper_source
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
+    # decomp/linalg.py fold_gelu_into_onednn_linear: only when GELU is the linear's one use
+    class Layer(torch.nn.Module):
+        def __init__(self, form):
+            super().__init__()
+            self.fc, self.form = torch.nn.Linear(64, 256), form
+
+        def forward(self, v):
+            y = self.fc(v)
+            if self.form == "exact":
+                return F.gelu(y) * 2
+            if self.form == "reused":  # the linear's value feeds more than the GELU
+                return F.gelu(y) + y
+            return F.gelu(y, approximate="tanh")
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 64)
+    post_op = "'gelu', [], 'none')"
+    with patch(onednn_linear_min_weight=1), torch.no_grad():
+        c = check(Layer("exact"), x, atol=1e-5, rtol=1e-4)
+        assert post_op in c.wrapper_source and "with GELU folded in" in c.wrapper_source
+        c = check(Layer("reused"), x, atol=1e-5, rtol=1e-4)
+        assert post_op not in c.wrapper_source
+        c = check(Layer("tanh"), x, atol=1e-5, rtol=1e-4)
+        assert post_op not in c.wrapper_source and c.schedule.kernels

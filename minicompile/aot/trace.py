@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
+from minicompile.decomp.linalg import fold_gelu_into_onednn_linear
 
 aten = torch.ops.aten
 
@@ -58,6 +59,7 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
             # e.g. masked_fill_ became masked_fill, which decomposes to where: trace again.
             traced = _make_fx(torch.fx.Interpreter(traced).run, fake_inputs, symbolic)
     traced.graph.eliminate_dead_code()
+    fold_gelu_into_onednn_linear(traced)
     _add_missing_input_meta(traced, fake_inputs, fake_mode)
     traced.recompile()
     _check_meta(traced)

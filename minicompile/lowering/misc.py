@@ -233,5 +233,6 @@ def fused_cpu_attention(lw, node, *args, **kwargs):
 @register_lowering(torch.ops.mkldnn._linear_pointwise.default)
 def onednn_linear(lw, node, *args, **kwargs):
     # decomp/linalg.py chose it over mm for a large weight and few rows (see use_onednn_linear)
-    raise Unsupported("oneDNN's linear beats MKL's mm for a large weight and few rows "
+    post = " with GELU folded in" if len(args) > 3 and args[3] == "gelu" else ""
+    raise Unsupported(f"oneDNN's linear{post} beats MKL's mm for a large weight and few rows "
                       "(MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS=0 uses mm)")

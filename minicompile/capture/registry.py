@@ -8,9 +8,15 @@ from __future__ import annotations
 HANDLERS: dict = {}
 
 
-def op(*names: str):
-    def register(fn):
-        for name in names:
-            HANDLERS[name] = fn
-        return fn
-    return register
+def registrar(table: dict):
+    """A decorator factory: ``@reg("A", "B")`` puts the function into ``table`` under each name."""
+    def named(*names: str):
+        def register(fn):
+            for name in names:
+                table[name] = fn
+            return fn
+        return register
+    return named
+
+
+op = registrar(HANDLERS)

@@ -14,19 +14,13 @@ import dis
 import operator
 
 from minicompile.capture.frame import PY311, code_info
+from minicompile.capture.registry import registrar
 from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, split_call
 from minicompile.capture.variables import NULL, ResumeIter
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
 NATIVE_STEPS: dict = {}
-
-
-def native(*names: str):
-    def register(fn):
-        for name in names:
-            NATIVE_STEPS[name] = fn
-        return fn
-    return register
+native = registrar(NATIVE_STEPS)
 
 
 class BreakAction:

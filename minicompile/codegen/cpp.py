@@ -7,6 +7,7 @@ the IR's body functions against CppOps, which emits one typed temporary per valu
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -169,21 +170,22 @@ class CppKernel:
         self.storage = storage
         self.sources = sources
         self.counter = [0]
-        self.trig_args = None
+
+    @functools.cached_property
+    def _memory(self) -> dict:
+        """pointer name -> [dtype, read, written] for every buffer the kernel touches in memory."""
+        k, seen = self.k, {}
+        for n in k.nodes:
+            for r in k.reads(n):
+                if r.name not in k.local and r.name not in k.scratch:
+                    seen.setdefault(self.storage.get(r.name, r.name), [self.buffers[r.name].dtype, False, False])[1] = True
+            if n.name not in k.local and n.name not in k.scratch:
+                seen.setdefault(self.storage.get(n.name, n.name), [n.dtype, False, False])[2] = True
+        return seen
 
     def args(self):
         """(pointer name, dtype, written) for every buffer the kernel touches in memory."""
-        seen = {}
-        for n in self.k.nodes:
-            for r in self.k.reads(n):
-                if r.name in self.k.local or r.name in self.k.scratch:
-                    continue
-                ptr = self.storage.get(r.name, r.name)
-                seen.setdefault(ptr, [self.buffers[r.name].dtype, False])
-            if n.name not in self.k.local and n.name not in self.k.scratch:
-                ptr = self.storage.get(n.name, n.name)
-                seen.setdefault(ptr, [n.dtype, True])[1] = True
-        return [(p, dt, w) for p, (dt, w) in seen.items()]
+        return [(p, dt, w) for p, (dt, _, w) in self._memory.items()]
 
     def render(self) -> str:
         k = self.k
@@ -214,8 +216,9 @@ class CppKernel:
         # inline sin/cos need a redo of the row when an argument is out of their range, which is
         # only sound when the loop has no accumulators and writes no buffer it reads
         dims = list(zip(k.outer_vars, k.outer_ranges))
-        self.trig_args = [] if dims and not k.is_reduction and not self._reads_what_it_writes() else None
-        body = self._point_body(inner_parallel)
+        in_place = any(r and w for _, r, w in self._memory.values())
+        trig_args = [] if dims and not k.is_reduction and not in_place else None
+        body = self._point_body(inner_parallel, trig_args)
         if not dims:
             return body
         parallel = work >= config.parallel_threshold and not inner_parallel
@@ -233,21 +236,11 @@ class CppKernel:
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
-        if self.trig_args:
-            return self._rows_with_trig_check(headers, dims, body, parallel)
+        if trig_args:
+            return self._rows_with_trig_check(headers, dims, body, parallel, trig_args)
         return _nest(headers, body)
 
-    def _reads_what_it_writes(self) -> bool:
-        k = self.k
-        reads, writes = set(), set()
-        for n in k.nodes:
-            reads |= {self.storage.get(r.name, r.name) for r in k.reads(n)
-                      if r.name not in k.local and r.name not in k.scratch}
-            if n.name not in k.local and n.name not in k.scratch:
-                writes.add(self.storage.get(n.name, n.name))
-        return bool(reads & writes)
-
-    def _rows_with_trig_check(self, headers, dims, body, parallel) -> list:
+    def _rows_with_trig_check(self, headers, dims, body, parallel, trig_args) -> list:
         """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
         MC_TRIG_MAX" and, when one was, runs the row again with the library's sin/cos (which
         rewrites every element of the row, so it needs the loop to be a pure map). A flat loop
@@ -260,7 +253,7 @@ class CppKernel:
             lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {size})"
         else:
             headers, lo, hi = headers[:-1], "0", str(size)
-        checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(self.trig_args)]
+        checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(trig_args)]
         library = [_FAST_TRIG.sub(r"std::\1(", ln) for ln in body]
         loop = f"for (int64_t {v.name} = {lo}; {v.name} < {hi}; ++{v.name})"
         row = ["int mc_big = 0;", "#pragma omp simd reduction(|:mc_big)", loop, "{"]
@@ -270,8 +263,8 @@ class CppKernel:
         row.append("}")
         return _nest(headers, row)
 
-    def _point_body(self, inner_parallel: bool) -> list:
-        """Statements for one outer point: the stages in order."""
+    def _point_body(self, inner_parallel: bool, trig_args: list | None) -> list:
+        """Statements for one outer point: the stages in order. ``trig_args``: see CppOps."""
         k = self.k
         lines, locals_ = [], {}
         flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
@@ -289,7 +282,7 @@ class CppKernel:
         for stage in k.stages:
             if stage.kind == "scalar":
                 ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch,
-                             trig_args=self.trig_args)
+                             trig_args=trig_args)
                 for n in stage.nodes:
                     index, _ = k.node_index(n)
                     value = n.data.body(ops, index)
@@ -315,8 +308,7 @@ class CppKernel:
         last = max(stage_of[name] for name in readers)
         o = [m for m in k.stages[last].nodes if m.name in readers][-1]
         ptr = self.storage.get(o.name, o.name)
-        read_ptrs = {self.storage.get(r.name, r.name) for m in k.nodes for r in k.reads(m)}
-        if (o.name in k.local or o.name in k.scratch or ptr in taken or ptr in read_ptrs
+        if (o.name in k.local or o.name in k.scratch or ptr in taken or self._memory[ptr][1]
                 or CTYPE.get(o.dtype) != CTYPE[compute_dtype(n.dtype)] or k.stages[last].kind != "loop"):
             return None
         base = k.store_index(o) - flat_of(k.inner_vars, k.inner_ranges)

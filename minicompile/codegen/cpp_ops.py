@@ -6,6 +6,7 @@ import math
 import torch
 
 from minicompile.ir.expr import Renderer
+from minicompile.ir.ops import pick_template
 
 CTYPE = {
     torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
@@ -52,11 +53,7 @@ TEMPLATES = {
 
 
 def template(op: str, operand_dtype: torch.dtype) -> str:
-    if operand_dtype == torch.bool and (op, "bool") in TEMPLATES:
-        return TEMPLATES[(op, "bool")]
-    if not operand_dtype.is_floating_point and (op, "int") in TEMPLATES:
-        return TEMPLATES[(op, "int")]
-    return TEMPLATES[op]
+    return pick_template(TEMPLATES, op, operand_dtype)
 
 
 def literal(value, dtype: torch.dtype) -> str:

@@ -13,6 +13,7 @@ import math
 import torch
 
 from minicompile.ir.expr import Renderer
+from minicompile.ir.ops import pick_template
 
 TL = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
@@ -59,11 +60,7 @@ BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", 
 
 
 def template(op: str, operand_dtype: torch.dtype) -> str:
-    if operand_dtype == torch.bool and (op, "bool") in TEMPLATES:
-        return TEMPLATES[(op, "bool")]
-    if not operand_dtype.is_floating_point and (op, "int") in TEMPLATES:
-        return TEMPLATES[(op, "int")]
-    return TEMPLATES[op]
+    return pick_template(TEMPLATES, op, operand_dtype)
 
 
 def literal(value, dtype: torch.dtype) -> str:

@@ -46,6 +46,16 @@ TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin"
                   "sigmoid", "pow", "atan2"}
 
 
+
+def pick_template(templates: dict, op: str, operand_dtype: torch.dtype) -> str:
+    """A backend's spelling of ``op``: ``templates[op]``, or its ``(op, "bool")`` /
+    ``(op, "int")`` entry for bool / integer operands where the table has one."""
+    if operand_dtype == torch.bool and (op, "bool") in templates:
+        return templates[(op, "bool")]
+    if not operand_dtype.is_floating_point and (op, "int") in templates:
+        return templates[(op, "int")]
+    return templates[op]
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return COMPUTE_DTYPE.get(dtype, dtype)
 

@@ -1,6 +1,7 @@
 """The compile pipeline, one pass per line: FX graph -> ATen -> loop IR -> kernels -> callable.
 
-    aten_gm  = trace_inference(gm, example_inputs)   aot/ + decomp/
+    gm, attrs = lift_attributes(gm)                  aot/: parameters/state become inputs
+    aten_gm  = trace_inference(gm, example_inputs)   aot/ + decomp/ (fake tensors only)
     lowered  = GraphLowering(aten_gm).run()          lowering/ -> ir/
     plan     = schedule(lowered)                     scheduler/
     code     = generate(lowered, plan)               codegen/ (C++ or Triton, and the wrapper)
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from minicompile.aot import trace_inference
+from minicompile.aot import lift_attributes, trace_inference
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
@@ -52,6 +53,7 @@ class CompiledGraph:
     run: Callable
     out_spec: Any
     timings: dict = field(default_factory=dict)
+    lifted: tuple = ()          # the graph's tensor attributes, passed after the caller's inputs
 
     def __post_init__(self):
         # Dynamo graphs return a flat tuple: the wrapper's result is already the answer
@@ -60,7 +62,7 @@ class CompiledGraph:
                                     and self.out_spec.num_nodes == len(flat_tuple) + 1)
 
     def __call__(self, *args):
-        flat = self.run(args)
+        flat = self.run(args + self.lifted if self.lifted else args)
         if self._returns_flat_tuple:
             return flat
         return pytree.tree_unflatten(list(flat), self.out_spec)
@@ -91,8 +93,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
         t0 = now
 
     out_spec = _output_spec(gm)
+    gm, lifted = lift_attributes(gm)
     with _trace_lock:
-        aten_gm = trace_inference(gm, example_inputs)
+        aten_gm = trace_inference(gm, list(example_inputs) + list(lifted))
     stamp("trace")
     backend = BACKENDS[_pick_backend(aten_gm)]
     row_scratch = getattr(backend, "row_scratch", False)
@@ -113,7 +116,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     run = _load_wrapper(wrapper_source, lib, wrapper.externs, lowered.constants)
     stamp("load")
     compiled = CompiledGraph(aten_gm, lowered, plan, kernels.source, wrapper_source, backend.name, run,
-                             out_spec, timings)
+                             out_spec, timings, lifted)
     _debug_dump(compiled, gm)
     return compiled
 

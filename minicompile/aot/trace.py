@@ -30,6 +30,7 @@ import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from minicompile.aot.custom_ops import functionalize_custom_ops
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
 from minicompile.decomp.linalg import fold_gelu_into_onednn_linear
@@ -48,6 +49,8 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
     fake_inputs = [_to_fake(fake_mode, x) for x in example_inputs]
     symbolic = any(_is_symbolic(x) for x in fake_inputs)
 
+    gm = functionalize_custom_ops(gm)
+
     def run_graph(*args):
         # node by node, so each ATen node inherits its source node's stack trace
         return torch.fx.Interpreter(gm).run(*args)
@@ -64,6 +67,7 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.
     traced.recompile()
     _check_meta(traced)
     restride_elementwise(traced, fake_mode)
+    alias_mutated_outputs(traced, fake_mode)
     return traced
 
 
@@ -193,3 +197,63 @@ def _check_meta(gm: torch.fx.GraphModule) -> None:
             "trace_inference produced nodes without meta['val'] (a tracing bug; please report "
             "it with this graph):\n  " + "\n  ".join(missing)
         )
+
+
+def alias_mutated_outputs(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """An output that is a mutated input (or a view of one) is that input, as in eager.
+
+    Functionalization turns ``x.mul_(2); return x`` into ``mul = x * 2; copy_(x, mul);
+    return mul``: a new tensor with the right values but not ``x`` itself, so a later
+    ``out.add_(1)`` by the caller would not reach ``x``. Here such an output (``mul``, or a
+    chain of views of it) is rebuilt on the input after its ``copy_``, so the wrapper hands
+    back the caller's tensor or a view of its storage.
+    """
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    written = {n.args[1]: n for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is aten.copy_.default and n.args[0].op == "placeholder"}
+    if not written:
+        return
+    changed = False
+
+    def rebuild(leaf):
+        nonlocal changed
+        chain, node = [], leaf
+        while isinstance(node, torch.fx.Node) and node not in written and _is_view(node):
+            chain.append(node)
+            node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node not in written:
+            return leaf
+        copy = written[node]
+        value = copy.args[0]
+        if not _same_meta(value, node):
+            return leaf
+        with gm.graph.inserting_before(output):
+            for view in reversed(chain):
+                new = gm.graph.call_function(view.target, (value, *view.args[1:]), dict(view.kwargs))
+                new.meta = dict(view.meta)
+                try:
+                    with fake_mode:
+                        new.meta["val"] = view.target(value.meta["val"], *view.args[1:], **view.kwargs)
+                except Exception:  # the view is not expressible on the input's strides: keep a copy
+                    return leaf
+                value = new
+        changed = True
+        return value
+
+    output.args = (torch.fx.node.map_arg(output.args[0], rebuild),)
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and node.args
+            and isinstance(node.args[0], torch.fx.Node) and not target._schema.is_mutable
+            and len(target._schema.returns) == 1 and target._schema.returns[0].alias_info is not None)
+
+
+def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)
+            and va.dtype == vb.dtype and tuple(va.shape) == tuple(vb.shape))

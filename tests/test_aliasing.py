@@ -1,0 +1,108 @@
+"""Outputs alias what eager's alias: a mutated input returned, an out= argument, views of inputs;
+mutating custom ops compile as extern calls (no fallback: MINICOMPILE_FALLBACK=0 in tests)."""
+import pytest
+import torch
+
+from minicompile.pipeline import compile_graph
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compiled(fn):
+    return torch.compile(fn, backend="minicompile")
+
+
+def test_returned_mutated_input_is_the_input():
+    def f(x):
+        x.mul_(2)
+        return x
+    x = torch.ones(3)
+    out = _compiled(f)(x)
+    assert out.data_ptr() == x.data_ptr()
+    out.add_(100)                                   # the caller's x sees it, as in eager
+    assert torch.equal(x, torch.full((3,), 102.0))
+
+
+def test_out_argument_is_returned():
+    def f(x, y, out):
+        torch.mul(x, y, out=out)
+        return out
+    x, y, out = torch.randn(4), torch.randn(4), torch.empty(4)
+    got = _compiled(f)(x, y, out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(out, x * y)
+
+
+def test_view_of_mutated_input_shares_its_storage():
+    def f(x):
+        y = x.view(-1)
+        y.add_(1)
+        return y
+    x = torch.zeros(2, 3)
+    out = compile_graph(torch.fx.symbolic_trace(f), [x])(x)
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert out.shape == (6,) and torch.equal(x, torch.ones(2, 3))
+
+
+def test_views_of_inputs_share_storage():
+    def f(x):
+        return x.t(), x[1:], x.view(-1), x + 1
+    x = torch.randn(3, 4)
+    outs = _compiled(f)(x)
+    ref = f(x)
+    for o, r in zip(outs[:3], ref[:3]):
+        assert o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert (o.shape, o.stride(), o.storage_offset()) == (r.shape, r.stride(), r.storage_offset())
+    assert outs[3].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+@torch.library.custom_op("minicompile_test::scale_", mutates_args=("x",))
+def scale_(x: torch.Tensor, s: float) -> None:
+    x.mul_(s)
+
+
+@scale_.register_fake
+def _(x, s):
+    return None
+
+
+@torch.library.custom_op("minicompile_test::shift_and_sum", mutates_args=("x",))
+def shift_and_sum(x: torch.Tensor, k: float) -> torch.Tensor:
+    x.add_(k)
+    return x.sum(0)
+
+
+@shift_and_sum.register_fake
+def _(x, k):
+    return x.new_empty(x.shape[1:])
+
+
+def test_mutating_custom_ops_compile_as_externs():
+    def f(x, y):
+        z = x.sin()
+        scale_(z, 3.0)          # an intermediate: later readers see the scaled value
+        scale_(y, 2.0)          # a graph input: written back to the caller's tensor
+        s = shift_and_sum(z, 1.0)
+        return z.cos(), s, y
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    y_ref, y_got = y.clone(), y.clone()
+    ref = f(x, y_ref)
+    got = _compiled(f)(x, y_got)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r)
+    assert torch.equal(y_got, y_ref) and got[2].data_ptr() == y_got.data_ptr()
+
+
+def test_mutating_custom_op_is_an_extern_with_a_reason():
+    def f(x):
+        z = x.exp()
+        scale_(z, 0.5)
+        return z + 1
+    x = torch.randn(8)
+    c = compile_graph(torch.fx.symbolic_trace(f), [x])
+    torch.testing.assert_close(c(x), f(x))
+    assert any("scale_" in e.op for e in c.externs)

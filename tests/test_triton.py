@@ -123,9 +123,12 @@ def test_full_reduction_to_a_scalar_and_bf16_rows():
           atol=1e-2, rtol=1e-2)
 
 
-def test_embedding_gathers_with_indirect_indices():
+def test_embedding_gather_runs_as_an_extern_between_kernels():
+    """A gather has no native lowering (eager raises on an out-of-range index, a kernel cannot):
+    the Triton path calls eager's index and feeds its result to the next kernel."""
     w = torch.randn(10, 8)
-    check(lambda idx, w: F.embedding(idx, w) * 2, torch.tensor([[1, 2], [9, 0]]), w)
+    c = check(lambda idx, w: F.embedding(idx, w) * 2, torch.tensor([[1, 2], [9, 0]]), w)
+    assert [e.op for e in c.externs] == ["aten::index.Tensor"] and c.num_kernels == 1
 
 
 # -- readability: the generated source ------------------------------------------------------------

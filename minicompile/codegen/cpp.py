@@ -16,7 +16,7 @@ import torch
 from minicompile.codegen.cpp_ops import CTYPE, CppRenderer, literal, template
 from minicompile.codegen.cpp_prelude import PRELUDE
 from minicompile.config import config
-from minicompile.ir.expr import Expr, Indirect, atoms_of
+from minicompile.ir.expr import atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 from minicompile.scheduler.kernel import flat_of
@@ -118,10 +118,6 @@ class CppOps:
             self.trig_args.append(args[0].expr)
             return self._same_every_iteration(self._tmp(torch.float32, f"mc_{op}_fast({args[0]})"), *args)
         return self._same_every_iteration(self._tmp(compute_dtype(dtype), template(op, operand).format(*args)), *args)
-
-    def indirect(self, x, size):
-        v = self._tmp(torch.int64, f"{x} < 0 ? {x} + {size} : {x}")
-        return Expr.of(Indirect(v.expr, size))
 
 
 # -- reductions ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ CTYPE = {
     torch.int32: "int32_t", torch.int64: "int64_t", torch.bool: "bool",
 }
 
-# (op) -> template; (op, "int") overrides for integer/bool operands.
+# One template per row of ir.ops.POINTWISE_OPS; (op, "int") overrides for integer/bool operands.
 # cos adds +0.0f: the same value (cos is even, so -0.0 -> +0.0 changes nothing), but no longer
 # the same operand as a neighbouring sin(x), so g++ does not merge the pair into a scalar
 # sincosf call and both vectorise.

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.codegen.triton_ops import (BOOL_RESULT, COMBINE, PRELUDE, TL, TritonRenderer, literal,
+from minicompile.codegen.triton_ops import (COMBINE, PRELUDE, TL, TritonRenderer, literal,
                                             reduction_init, template)
 from minicompile.config import config
-from minicompile.ir.expr import Expr, Indirect, Var, atoms_of
+from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
-from minicompile.ir.ops import compute_dtype
+from minicompile.ir.ops import BOOL_RESULT, compute_dtype
 from minicompile.runtime.triton_launch import load as load_triton
 
 _R = TritonRenderer()
@@ -121,10 +121,6 @@ class TritonOps:
         if op not in BOOL_RESULT and operand != dtype:
             expr = f"({expr}).to({TL[dtype]})"
         return self._tmp(dtype, expr, groups)
-
-    def indirect(self, x, size):
-        v = self._tmp(torch.int64, f"tl.where({x} < 0, {x} + {size}, {x})", x.groups)
-        return Expr.of(Indirect(v.expr, size))
 
 
 def _is_number(text: str) -> bool:

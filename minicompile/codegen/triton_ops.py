@@ -21,7 +21,8 @@ TL = {
     torch.int32: "tl.int32", torch.int64: "tl.int64", torch.bool: "tl.int1",
 }
 
-# (op) -> template; (op, "int") / (op, "bool") override it for integer / bool operands.
+# One template per row of ir.ops.POINTWISE_OPS; (op, "int") / (op, "bool") override it for
+# integer / bool operands.
 TEMPLATES = {
     "abs": "tl.abs({0})", "neg": "(-{0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
     "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
@@ -53,11 +54,6 @@ TEMPLATES = {
     ("maximum", "bool"): "({0} | {1})", ("minimum", "bool"): "({0} & {1})",
     ("add", "bool"): "({0} | {1})", ("mul", "bool"): "({0} & {1})",
 }
-
-# Ops whose Triton result is already the op's result dtype (bool): no cast after them.
-BOOL_RESULT = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-               "logical_not", "isnan", "isinf"}
-
 
 def template(op: str, operand_dtype: torch.dtype) -> str:
     return pick_template(TEMPLATES, op, operand_dtype)

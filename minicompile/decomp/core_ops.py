@@ -1,8 +1,11 @@
-"""The core ATen op set: what the lowering handles natively.
+"""The core ATen op set: what decompositions bottom out in, and how each op runs.
 
-Decompositions bottom out in these ops. Any other op in a traced graph is still correct:
-the lowering runs it as an extern eager call, only slower. docs/core-ops.md is the
-human-readable version of this file; keep the two in step.
+``NATIVE_OPS`` are lowered to loop IR (tests/test_structure.py checks each has a lowering);
+the pointwise ones come from the loop IR's op table, ``ir.ops.POINTWISE_OPS``. The indexing
+ops are core too (decompositions produce them) but run as extern eager calls. Any other op in
+a traced graph is still correct: the lowering runs it as an extern call, only slower.
+The "Core op set" table of docs/core-ops.md is ``markdown_table()``; tests/test_structure.py
+fails when the two differ.
 """
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import operator
 
 import torch
 from torch._ops import OpOverload
+
+from minicompile.ir.ops import POINTWISE_OPS, aten_overloads
 
 aten = torch.ops.aten
 
@@ -29,19 +34,12 @@ def _overloads(spec: str) -> list[OpOverload]:
     return ops
 
 
-POINTWISE_UNARY = _overloads(
-    "abs neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos"
-    " atan sinh cosh tanh asinh acosh atanh erf erfc sigmoid relu floor ceil round trunc sign"
-    " logical_not bitwise_not isnan isinf"
-)
-POINTWISE_BINARY = _overloads(
-    "add.Tensor add.Scalar sub.Tensor sub.Scalar mul.Tensor mul.Scalar div.Tensor div.Scalar"
-    " div.Tensor_mode remainder.Tensor remainder.Scalar fmod.Tensor fmod.Scalar floor_divide"
-    " pow.Tensor_Tensor pow.Tensor_Scalar pow.Scalar maximum minimum atan2"
-    " eq.Tensor eq.Scalar ne.Tensor ne.Scalar lt.Tensor lt.Scalar le.Tensor le.Scalar"
-    " gt.Tensor gt.Scalar ge.Tensor ge.Scalar logical_and logical_or logical_xor"
-    " bitwise_and.Tensor bitwise_and.Scalar bitwise_or.Tensor bitwise_or.Scalar"
-    " bitwise_xor.Tensor bitwise_xor.Scalar clamp clamp.Tensor clamp_min clamp_max where.self"
+POINTWISE = [overload for name in POINTWISE_OPS for overload in aten_overloads(name)]
+# Pointwise ops with a lowering of their own (alpha, rounding modes, integer pow, clamp bounds).
+POINTWISE_OWN_LOWERING = _overloads(
+    "add.Tensor add.Scalar sub.Tensor sub.Scalar div.Tensor_mode div.Scalar_mode"
+    " pow.Tensor_Tensor pow.Tensor_Scalar pow.Scalar clamp clamp.Tensor clamp_min clamp_min.Tensor"
+    " clamp_max clamp_max.Tensor"
 )
 CREATION_AND_COPIES = _overloads(
     "_to_copy clone copy alias detach lift_fresh_copy full full_like zeros_like ones_like"
@@ -58,22 +56,51 @@ VIEWS = _overloads(
     " squeeze.dim squeeze.dims unsqueeze split.Tensor split_with_sizes unbind.int as_strided"
     " cat constant_pad_nd"
 )
-INDEXING = _overloads("index.Tensor index_select gather")
-# Shape queries that appear in graphs traced with symbolic (dynamic) shapes.
-SHAPE_QUERIES = _overloads("sym_size.int sym_stride.int sym_numel sym_storage_offset")
-
 # Picking one output of a multi-output op (native_layer_norm, var_mean, split, ...).
 STRUCTURAL = [operator.getitem]
+NATIVE_OPS: frozenset = frozenset(
+    POINTWISE + POINTWISE_OWN_LOWERING + CREATION_AND_COPIES + REDUCTIONS + VIEWS + STRUCTURAL)
 
-CORE_OPS: frozenset = frozenset(
-    POINTWISE_UNARY + POINTWISE_BINARY + CREATION_AND_COPIES + REDUCTIONS + VIEWS + INDEXING
-    + SHAPE_QUERIES + STRUCTURAL
-)
+# Gathers (embedding, nll_loss) run as eager calls: eager checks every index is in bounds and
+# raises, which a generated loop cannot do.
+EXTERN_INDEXING_OPS: frozenset = frozenset(_overloads("index.Tensor index_select gather"))
+CORE_OPS: frozenset = NATIVE_OPS | EXTERN_INDEXING_OPS
 
 # Compute-bound ops that stay extern on purpose (vendor BLAS / oneDNN beat generated loops).
 EXTERN_COMPUTE_OPS: frozenset = frozenset(_overloads("mm bmm convolution")) | frozenset(
     [torch.ops.mkldnn._linear_pointwise.default] if hasattr(torch.ops.mkldnn, "_linear_pointwise") else [])
 
+FAMILIES = {
+    "pointwise, loop IR ops (`ir/ops.py`)": ("native", POINTWISE),
+    "pointwise, own lowering": ("native", POINTWISE_OWN_LOWERING),
+    "dtype, copies, creation": ("native", CREATION_AND_COPIES),
+    "reductions": ("native", REDUCTIONS),
+    "views and layout": ("native", VIEWS),
+    "structural": ("native", STRUCTURAL),
+    "indexing": ("extern", sorted(EXTERN_INDEXING_OPS, key=str)),
+    "compute-bound (not core)": ("extern on purpose", sorted(EXTERN_COMPUTE_OPS, key=str)),
+}
+
 
 def is_core(target) -> bool:
     return target in CORE_OPS
+
+
+def markdown_table() -> str:
+    """The core op set as the Markdown table in docs/core-ops.md, ops grouped by packet."""
+    lines = ["| family | runs | ops |", "|---|---|---|"]
+    for family, (runs, ops) in FAMILIES.items():
+        packets: dict[str, list[str]] = {}
+        for op in ops:
+            packets.setdefault(_packet_name(op), []).append(getattr(op, "_overloadname", "default"))
+        cells = [name if overloads == ["default"] else f"{name} ({', '.join(f'`.{o}`' for o in overloads)})"
+                 for name, overloads in packets.items()]
+        lines.append(f"| {family} | {runs} | {', '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _packet_name(op) -> str:
+    if not isinstance(op, OpOverload):
+        return f"`operator.{op.__name__}`"
+    name = op.overloadpacket.__name__
+    return name if op.namespace == "aten" else f"{op.namespace}.{name}"

@@ -72,19 +72,6 @@ class Clamp(Atom):
         return r.clamp(r.render(self.arg), self.lo, self.hi)
 
 
-@dataclass(frozen=True)
-class Indirect(Atom):
-    """An index loaded from memory at run time (gather, embedding); already wrapped and checked."""
-    name: str
-    size: int
-
-    def range(self):
-        return (0, max(self.size - 1, 0))
-
-    def render(self, r):
-        return self.name
-
-
 def _atom_key(a: Atom):
     return (type(a).__name__, repr(a))
 
@@ -243,10 +230,10 @@ def _subst_atom(a: Atom, mapping: dict) -> Expr:
 
 
 def atoms_of(e: Expr) -> set:
-    """Every Var and Indirect that ``e`` depends on, at any depth."""
+    """Every Var that ``e`` depends on, at any depth."""
     out = set()
     for a, _ in e.terms:
-        if isinstance(a, (Var, Indirect)):
+        if isinstance(a, Var):
             out.add(a)
         else:
             out |= atoms_of(a.arg)

@@ -1,4 +1,5 @@
-"""The ``ops`` handler contract that loop bodies are written against.
+"""The ``ops`` handler contract that loop bodies are written against, and the one table of
+elementwise ops.
 
 A body calls only these methods; a handler decides what they mean:
 
@@ -7,10 +8,14 @@ A body calls only these methods; a handler decides what they mean:
     index_expr(expr: Expr, dtype) -> value             an index as a number (arange, masks)
     to_dtype(x, dtype) -> value                        cast (bf16/fp16 round, compute in fp32)
     pointwise(op: str, *args, dtype) -> value          an elementwise op from POINTWISE_OPS
-    indirect(x, size) -> Expr                          a loaded value used as an index
 
 ``dtype`` on pointwise is the result dtype. Handlers here: PrintOps (the readable form of a
 body), RecordOps (which buffers a body reads and at which index). Backends add their own.
+
+POINTWISE_OPS is the one list of elementwise ops. The lowering registers every row's ATen
+overloads (lowering/pointwise.py), ``decomp.CORE_OPS`` lists them, and each backend has one
+template per row (codegen/cpp_ops.py, codegen/triton_ops.py). A new elementwise op is one row
+here, one template line per backend and one sample in tests/op_table.py.
 """
 from __future__ import annotations
 
@@ -18,21 +23,55 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, Indirect, PythonRenderer
+from minicompile.ir.expr import Expr, PythonRenderer
 
-# Every elementwise op a body may use, with its arity. A backend renders each of these.
-POINTWISE_OPS = {
-    **{name: 1 for name in (
-        "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
-        "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
-        "acosh", "atanh", "erf", "erfc", "sigmoid", "relu", "floor", "ceil", "round", "trunc",
-        "sign", "logical_not", "bitwise_not", "isnan", "isinf", "square")},
-    **{name: 2 for name in (
-        "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow",
-        "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-        "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")},
-    "where": 3,
+
+@dataclass(frozen=True)
+class PointwiseOp:
+    """One elementwise op of the loop IR.
+
+    ``aten`` names the ATen ops whose overloads lower straight to it: None is the op's own
+    name, ``()`` none (a lowering of its own emits it, e.g. ``add`` for add's ``alpha``).
+    """
+    arity: int
+    expensive: bool = False    # far dearer than a load: a value using it is computed once, not per reader
+    bool_result: bool = False  # a test: operands compute in their promoted dtype, the result is bool
+    int_div: bool = False      # a division: eager raises on an integer zero divisor, a loop cannot
+    aten: tuple | None = None
+
+
+_UNARY, _BINARY = PointwiseOp(1), PointwiseOp(2)
+_UNARY_EXPENSIVE, _BINARY_EXPENSIVE = PointwiseOp(1, expensive=True), PointwiseOp(2, expensive=True)
+_UNARY_TEST, _BINARY_TEST = PointwiseOp(1, bool_result=True), PointwiseOp(2, bool_result=True)
+POINTWISE_OPS: dict[str, PointwiseOp] = {
+    "abs": _UNARY, "neg": _UNARY, "reciprocal": _UNARY, "relu": _UNARY, "sign": _UNARY,
+    "bitwise_not": _UNARY, "floor": _UNARY, "ceil": _UNARY, "round": _UNARY, "trunc": _UNARY,
+    "sqrt": _UNARY, "rsqrt": _UNARY,
+    "square": PointwiseOp(1, aten=()),  # from pow(x, 2)
+    "exp": _UNARY_EXPENSIVE, "exp2": _UNARY_EXPENSIVE, "expm1": _UNARY_EXPENSIVE,
+    "log": _UNARY_EXPENSIVE, "log2": _UNARY_EXPENSIVE, "log10": _UNARY_EXPENSIVE,
+    "log1p": _UNARY_EXPENSIVE, "sin": _UNARY_EXPENSIVE, "cos": _UNARY_EXPENSIVE,
+    "tan": _UNARY_EXPENSIVE, "asin": _UNARY_EXPENSIVE, "acos": _UNARY_EXPENSIVE,
+    "atan": _UNARY_EXPENSIVE, "sinh": _UNARY_EXPENSIVE, "cosh": _UNARY_EXPENSIVE,
+    "tanh": _UNARY_EXPENSIVE, "asinh": _UNARY_EXPENSIVE, "acosh": _UNARY_EXPENSIVE,
+    "atanh": _UNARY_EXPENSIVE, "erf": _UNARY_EXPENSIVE, "erfc": _UNARY_EXPENSIVE,
+    "sigmoid": _UNARY_EXPENSIVE,
+    "logical_not": _UNARY_TEST, "isnan": _UNARY_TEST, "isinf": _UNARY_TEST,
+    "add": PointwiseOp(2, aten=()), "sub": PointwiseOp(2, aten=()),  # alpha: lowering/pointwise.py
+    "mul": _BINARY, "truediv": PointwiseOp(2, aten=("div",)),
+    "floordiv": PointwiseOp(2, int_div=True, aten=("floor_divide",)),
+    "truncdiv": PointwiseOp(2, int_div=True, aten=()),  # from div(rounding_mode="trunc")
+    "remainder": PointwiseOp(2, int_div=True), "fmod": PointwiseOp(2, int_div=True),
+    "pow": PointwiseOp(2, expensive=True, aten=()),  # integer pow, x**2: lowering/pointwise.py
+    "maximum": _BINARY, "minimum": _BINARY, "atan2": _BINARY_EXPENSIVE,
+    "eq": _BINARY_TEST, "ne": _BINARY_TEST, "lt": _BINARY_TEST, "le": _BINARY_TEST,
+    "gt": _BINARY_TEST, "ge": _BINARY_TEST,
+    "logical_and": _BINARY_TEST, "logical_or": _BINARY_TEST, "logical_xor": _BINARY_TEST,
+    "bitwise_and": _BINARY, "bitwise_or": _BINARY, "bitwise_xor": _BINARY,
+    "where": PointwiseOp(3),
 }
+TRANSCENDENTAL = frozenset(name for name, op in POINTWISE_OPS.items() if op.expensive)
+BOOL_RESULT = frozenset(name for name, op in POINTWISE_OPS.items() if op.bool_result)
 
 # Dtypes the loop IR computes in; bfloat16/float16 are stored narrow but computed as float32.
 COMPUTE_DTYPE = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
@@ -40,11 +79,26 @@ SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16,
                     torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}
 
 
-# Ops that cost far more than a load: a value using one is computed once, not per reader.
-TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin",
-                  "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
-                  "sigmoid", "pow", "atan2"}
+def aten_overloads(name: str) -> list:
+    """The ATen overloads that lower straight to pointwise op ``name``: each functional
+    overload of its ATen ops that takes exactly ``arity`` tensors or numbers (``div.Tensor``,
+    ``div.Scalar``; not ``div.out``, ``div.Tensor_mode`` or TorchScript's ``div.int``)."""
+    row = POINTWISE_OPS[name]
+    found = []
+    for packet_name in (name,) if row.aten is None else row.aten:
+        packet = getattr(torch.ops.aten, packet_name)
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+        claimed = [ov for ov in overloads if _elementwise(ov._schema, row.arity)]
+        if not claimed:
+            raise ValueError(f"aten.{packet_name} has no overload taking {row.arity} tensors or numbers")
+        found += claimed
+    return found
 
+
+def _elementwise(schema, arity: int) -> bool:
+    return (not schema.is_mutable and len(schema.arguments) == arity
+            and all(str(a.type) in ("Tensor", "number") for a in schema.arguments)
+            and [str(r.type) for r in schema.returns] == ["Tensor"])
 
 
 def pick_template(templates: dict, op: str, operand_dtype: torch.dtype) -> str:
@@ -55,6 +109,7 @@ def pick_template(templates: dict, op: str, operand_dtype: torch.dtype) -> str:
     if not operand_dtype.is_floating_point and (op, "int") in templates:
         return templates[(op, "int")]
     return templates[op]
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return COMPUTE_DTYPE.get(dtype, dtype)
@@ -89,10 +144,6 @@ class PrintOps:
     def pointwise(self, op, *args, dtype):
         return self._emit(f"ops.{op}({', '.join(map(str, args))})")
 
-    def indirect(self, x, size):
-        name = self._emit(f"ops.indirect({x}, {size})")
-        return Expr.of(Indirect(name, size))
-
 
 @dataclass(frozen=True)
 class Read:
@@ -124,6 +175,3 @@ class RecordOps:
         self.op_count += 1
         self.ops_used.add(op)
         return None
-
-    def indirect(self, x, size):
-        return Expr.of(Indirect(f"ind{len(self.reads)}", size))

@@ -1,10 +1,14 @@
-"""Elementwise ATen ops -> lazy loop bodies. One registry line per simple op."""
+"""Elementwise ATen ops -> lazy loop bodies.
+
+One loop registers every row of ``ir.ops.POINTWISE_OPS`` for all of its ATen overloads; add and
+sub (alpha), div's rounding modes, pow and clamp are the few with a lowering of their own.
+"""
 from __future__ import annotations
 
 import torch
 
 from minicompile.ir.nodes import Lazy, TensorValue
-from minicompile.ir.ops import compute_dtype
+from minicompile.ir.ops import POINTWISE_OPS, aten_overloads, compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 
@@ -27,19 +31,21 @@ def broadcast_loader(value, out_size):
     return broadcast
 
 
-def make_pointwise(op: str, *, compare: bool = False, operand_dtype=None):
+def make_pointwise(op: str):
     """Build a lowering that applies ``ops.pointwise(op, ...)`` to broadcast operands.
 
     Operands are cast to the compute dtype of the result (bf16/fp16 compute in fp32), or for
-    comparisons and logical ops to the promoted operand dtype.
+    ops with a bool result (comparisons, logical ops, isnan) to the promoted operand dtype.
+    Integer division by a tensor or by zero stays extern: eager raises there, a loop cannot.
     """
+    row = POINTWISE_OPS[op]
+
     def lower(lw, node, *args, **kwargs):
         meta = out_meta(node)
         size = tuple(meta.shape)
-        if compare:
-            cdtype = compute_dtype(_promote_all(node, args))
-        else:
-            cdtype = compute_dtype(operand_dtype or meta.dtype)
+        if row.int_div and not meta.dtype.is_floating_point:
+            _int_divisor_ok(args[1])
+        cdtype = compute_dtype(_promote_all(node, args) if row.bool_result else meta.dtype)
         loaders = [broadcast_loader(a, size) for a in args]
         out_dtype = compute_dtype(meta.dtype)
 
@@ -55,6 +61,15 @@ def make_pointwise(op: str, *, compare: bool = False, operand_dtype=None):
             return ops.pointwise(op, *vals, dtype=out_dtype)
         return Lazy(meta.dtype, meta.device, size, body, [node.name])
     return lower
+
+
+def _int_divisor_ok(b):
+    if isinstance(b, TensorValue):
+        if not b.dtype.is_floating_point:
+            # integer division by zero raises in eager; a generated loop cannot raise
+            raise Unsupported("integer division by a tensor (eager checks for division by zero)")
+    elif b == 0:
+        raise Unsupported("integer division by zero")
 
 
 def _promote_all(node, args):
@@ -80,27 +95,8 @@ def _promote_all(node, args):
     return res
 
 
-UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
-         "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
-         "acosh", "atanh", "erf", "erfc", "sigmoid", "relu", "floor", "ceil", "round", "trunc",
-         "sign", "bitwise_not"]
-for _name in UNARY:
-    register_lowering(getattr(aten, _name).default)(make_pointwise(_name))
-register_lowering(aten.logical_not.default)(make_pointwise("logical_not", compare=True))
-register_lowering(aten.isnan.default)(make_pointwise("isnan", compare=True))
-register_lowering(aten.isinf.default)(make_pointwise("isinf", compare=True))
-
-for _aten, _name in [("mul", "mul"), ("maximum", "maximum"), ("minimum", "minimum"), ("atan2", "atan2"),
-                     ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"), ("bitwise_xor", "bitwise_xor")]:
-    for _ov in ("Tensor", "Scalar", "default"):
-        if hasattr(getattr(aten, _aten), _ov):
-            register_lowering(getattr(getattr(aten, _aten), _ov))(make_pointwise(_name))
-for _aten in ["eq", "ne", "lt", "le", "gt", "ge"]:
-    for _ov in ("Tensor", "Scalar"):
-        register_lowering(getattr(getattr(aten, _aten), _ov))(make_pointwise(_aten, compare=True))
-for _aten in ["logical_and", "logical_or", "logical_xor"]:
-    register_lowering(getattr(aten, _aten).default)(make_pointwise(_aten, compare=True))
-register_lowering(aten.where.self)(make_pointwise("where"))
+for _name in POINTWISE_OPS:
+    register_lowering(aten_overloads(_name))(make_pointwise(_name))
 
 
 def _add_sub(op):
@@ -121,49 +117,15 @@ def _add_sub(op):
     return lower
 
 
-for _op in ("add", "sub"):
-    register_lowering([getattr(aten, _op).Tensor, getattr(aten, _op).Scalar])(_add_sub(_op))
+register_lowering([aten.add.Tensor, aten.add.Scalar])(_add_sub("add"))
+register_lowering([aten.sub.Tensor, aten.sub.Scalar])(_add_sub("sub"))
 register_lowering(aten.rsub.Scalar)(lambda lw, node, a, b, alpha=1: _add_sub("sub")(lw, node, b, a, alpha))
-
-
-@register_lowering([aten.div.Tensor, aten.div.Scalar])
-def div(lw, node, a, b):
-    return make_pointwise("truediv")(lw, node, a, b)
-
-
-def _int_divisor_ok(b):
-    if isinstance(b, TensorValue):
-        if not b.dtype.is_floating_point:
-            # integer division by zero raises in eager; a generated loop cannot raise
-            raise Unsupported("integer division by a tensor (eager checks for division by zero)")
-    elif b == 0:
-        raise Unsupported("integer division by zero")
 
 
 @register_lowering([aten.div.Tensor_mode, aten.div.Scalar_mode])
 def div_mode(lw, node, a, b, *, rounding_mode=None):
-    meta = out_meta(node)
-    if rounding_mode is None:
-        return make_pointwise("truediv")(lw, node, a, b)
-    if not meta.dtype.is_floating_point:
-        _int_divisor_ok(b)
-    name = {"trunc": "truncdiv", "floor": "floordiv"}[rounding_mode]
+    name = {None: "truediv", "trunc": "truncdiv", "floor": "floordiv"}[rounding_mode]
     return make_pointwise(name)(lw, node, a, b)
-
-
-def _int_checked(name):
-    fn = make_pointwise(name)
-
-    def lower(lw, node, a, b):
-        if not out_meta(node).dtype.is_floating_point:
-            _int_divisor_ok(b)
-        return fn(lw, node, a, b)
-    return lower
-
-
-register_lowering([aten.floor_divide.default, aten.floor_divide.Scalar])(_int_checked("floordiv"))
-register_lowering([aten.remainder.Tensor, aten.remainder.Scalar])(_int_checked("remainder"))
-register_lowering([aten.fmod.Tensor, aten.fmod.Scalar])(_int_checked("fmod"))
 
 
 @register_lowering([aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar])

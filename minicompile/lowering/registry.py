@@ -1,4 +1,4 @@
-"""The lowering registry: one entry per ATen op we compile to loop IR.
+"""The lowering registry: one entry per ATen overload we compile to loop IR.
 
 A lowering is ``fn(lw, node, *args, **kwargs) -> TensorValue | list | number`` where ``lw``
 is the GraphLowering in progress, ``node`` the FX node (``node.meta["val"]`` holds eager's
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch._ops import OpOverloadPacket
 
 aten = torch.ops.aten
 
@@ -20,19 +21,22 @@ class Unsupported(Exception):
     """This op, dtype or pattern runs as an eager ATen call; the message says why."""
 
 
-def _overloads(op):
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        return [getattr(op, name) for name in op.overloads()]
-    return [op]
+def register_lowering(ops) -> Callable:
+    """Register ``fn`` as the lowering of one overload or a list of overloads.
 
-
-def register_lowering(ops, *, all_overloads: bool = False) -> Callable:
-    ops = ops if isinstance(ops, (list, tuple)) else [ops]
+    Like ``register_decomposition``, it refuses a packet (which would also claim ``.out``
+    overloads) and a second lowering for the same overload.
+    """
+    ops = list(ops) if isinstance(ops, (list, tuple)) else [ops]
 
     def decorator(fn):
         for op in ops:
-            targets = _overloads(op) if all_overloads or isinstance(op, torch._ops.OpOverloadPacket) else [op]
-            for target in targets:
-                LOWERINGS[target] = fn
+            if isinstance(op, OpOverloadPacket):
+                raise TypeError(f"register_lowering({op}) got an overload packet; name the overloads "
+                                f"(available: {op.overloads()})")
+            if op in LOWERINGS:
+                raise ValueError(f"{op} already has a lowering ({LOWERINGS[op].__module__}."
+                                 f"{LOWERINGS[op].__qualname__}); remove one of the two registrations")
+            LOWERINGS[op] = fn
         return fn
     return decorator

@@ -66,6 +66,7 @@ SAMPLES = [
     Sample("fmod", lambda a, b: torch.fmod(a, b), lambda: (_g(*S), _g(*S, low=0.5))),
     Sample("floor_divide_float", lambda a, b: torch.floor_divide(a, b), lambda: (_g(*S), _g(*S, low=0.5))),
     Sample("atan2", torch.atan2, xy(S, S)),
+    Sample("xlogy", torch.xlogy, lambda: (_g(*S).relu(), _g(16).abs() * torch.arange(16))),
     Sample("compare", lambda a, b: ((a < b) & (a >= 0)) | (a == b), xy(S, S)),
     Sample("where", lambda a, b: torch.where(a > 0, a, b), xy(S, S)),
     Sample("clamp", lambda a: torch.clamp(a, -0.5, 0.5), x(*S)),

@@ -64,6 +64,7 @@ POINTWISE_OPS: dict[str, PointwiseOp] = {
     "remainder": PointwiseOp(2, int_div=True), "fmod": PointwiseOp(2, int_div=True),
     "pow": PointwiseOp(2, expensive=True, aten=()),  # integer pow, x**2: lowering/pointwise.py
     "maximum": _BINARY, "minimum": _BINARY, "atan2": _BINARY_EXPENSIVE,
+    "xlogy": _BINARY_EXPENSIVE,
     "eq": _BINARY_TEST, "ne": _BINARY_TEST, "lt": _BINARY_TEST, "le": _BINARY_TEST,
     "gt": _BINARY_TEST, "ge": _BINARY_TEST,
     "logical_and": _BINARY_TEST, "logical_or": _BINARY_TEST, "logical_xor": _BINARY_TEST,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
+from minicompile.capture.calls import call
 from minicompile.capture.codegen import Reifier, compile_function, side_effect_lines
 from minicompile.capture.frame import Frame, arg_names
 from minicompile.capture.guards import Guards, check_source
@@ -64,7 +65,7 @@ class Entry:
 def trace_segment(cache, offset: int, L: tuple) -> Entry:
     forced: dict = {}
     for _ in range(MAX_RESTARTS):
-        tracer = Tracer(forced)
+        tracer = Tracer(forced, call=call)
         frame = None
         try:
             frame = _make_frame(cache, tracer, offset, L)

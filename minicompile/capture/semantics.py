@@ -228,8 +228,7 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
     if isinstance(attr, classmethod):
         return SymBoundMethod(attr.__func__, type(obj))
     if isinstance(attr, property):
-        from minicompile.capture.calls import call  # property getters run user code: inline them
-        return call(tracer, attr.fget, [obj], {})
+        return tracer.call(attr.fget, [obj], {})  # a property getter runs user code: inline it
     if hasattr(type(attr), "__get__") and not isinstance(attr, (int, float, str, bool, tuple)):
         value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
         return tracer.wrap(value, f"{src}.{name}")

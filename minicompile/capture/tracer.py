@@ -60,7 +60,15 @@ class TraceState:
 
 
 class Tracer:
-    def __init__(self, forced_breaks: dict, locations: "dict | None" = None):
+    """The state of one trace.
+
+    ``call`` (capture.calls.call) is injected by whoever builds the tracer, as CPython's eval
+    loop is reached through type slots and Dynamo hands ``tx`` to its variables: the semantics
+    of a value can then run user code (a property getter) without importing the interpreter.
+    """
+
+    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call):
+        self._call = call
         self.graph = torch.fx.Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.ns = Namespace()
@@ -82,6 +90,10 @@ class Tracer:
         self.source_names: dict[str, str] = {}   # "L[0]" -> "x", for readable placeholders
         self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
         self._keep: list = []         # real objects whose ids we index must stay alive
+
+    def call(self, fn, args: list, kwargs: dict):
+        """Trace a call of ``fn``: inline a Python function, or record a known callable."""
+        return self._call(self, fn, args, kwargs)
 
     # ------------------------------------------------------------------ locations
     def where(self) -> str | None:

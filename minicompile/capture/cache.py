@@ -15,6 +15,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
 from minicompile.capture.fallback import try_fx
@@ -77,9 +78,8 @@ def _is_library(fn) -> bool:
 
 
 def _module_hooks(m: nn.Module) -> bool:
-    from torch.nn.modules import module as _m
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or _m._global_forward_hooks or _m._global_forward_pre_hooks)
+                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
 class CodeCache:

@@ -11,6 +11,7 @@ import types
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from minicompile.capture.builtins_table import BUILTINS
 from minicompile.capture.frame import Frame, bind_arguments, prescan
@@ -149,11 +150,10 @@ def call_tensor_method(tracer: Tracer, m: TensorMethod, args, kwargs):
 
 
 def _has_hooks(m: nn.Module) -> bool:
-    from torch.nn.modules import module as _mod
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None)
-                or _mod._global_forward_hooks or _mod._global_forward_pre_hooks
-                or _mod._global_backward_hooks)
+                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+                or nn_module._global_backward_hooks)
 
 
 def call_module(tracer: Tracer, m: nn.Module, args, kwargs):

@@ -18,7 +18,7 @@ from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, ResumeIter,
                                            SymBoundMethod,
                                            SymCell, SymFunction, SymIter, TensorMethod, TensorVar,
-                                           Unsupported)
+                                           Unsupported, contains_symbolic)
 
 
 def _mkcell():
@@ -79,7 +79,7 @@ class Reifier:
             return tracked.source   # same object as the caller's, contents replayed already
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
-        if isinstance(v, tuple) and not isinstance(v, torch.Size) and _has_symbolic(v):
+        if isinstance(v, tuple) and not isinstance(v, torch.Size) and contains_symbolic(v):
             cls = self.ns.const(type(v), "T")
             items = ", ".join(self.expr(x) for x in v)
             if hasattr(type(v), "_fields"):
@@ -121,11 +121,6 @@ class Reifier:
         if src is not None and not src.startswith("_"):
             return src
         return self.ns.const(v)
-
-
-def _has_symbolic(v) -> bool:
-    from minicompile.capture.variables import contains_symbolic
-    return contains_symbolic(v)
 
 
 def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import warnings
@@ -93,7 +94,6 @@ def info() -> dict:
 
 
 def clear() -> int:
-    import shutil
     root = cache_root()
     n = info()["files"]
     for child in os.listdir(root):

@@ -7,6 +7,8 @@ and this shim in the interpreter, so the same kernel text runs in both places.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import triton
 import triton.language as tl
@@ -61,7 +63,6 @@ class InterpreterLibdevice:
 
     @staticmethod
     def erfc(x):
-        import math
         return _lift(np.vectorize(math.erfc, otypes=[np.float64]))(x)
 
 

@@ -27,6 +27,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minicompile.pipeline import compile_graph
+from minicompile.testing import compare
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
@@ -387,7 +388,6 @@ def _precision_floor(inputs):
 
 def _tolerant_mismatch(expected, actual, floor=None):
     """Like compare.mismatch, with a looser float tolerance for fuzzed (cancellation-prone) chains."""
-    from minicompile.testing import compare
     saved = dict(compare.TOLERANCES)
     compare.TOLERANCES.update(TOLERANCES)
     if floor is not None:

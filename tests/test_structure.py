@@ -1,24 +1,181 @@
-"""Structure checks (tinygrad's sz.py idea): the op table and its backends agree, the docs match
-the code. Each check is a plain function over data and is also run on a purpose-made violation,
-so a check that can no longer fail is noticed."""
+"""Structure checks, run by CI (tinygrad's sz.py idea): size budgets, imports that follow the
+layering of DESIGN.md, and an op table that its lowering, backends and docs agree with.
+
+Each check is a plain function over data (a list of files, an import graph, a source text) and
+returns what it found wrong. The tests at the end run every check on a purpose-made violation,
+so a check that can no longer fail is noticed.
+"""
 from __future__ import annotations
 
+import ast
 import operator
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from minicompile.codegen import cpp_ops, triton_ops
+from minicompile.config import patch
 from minicompile.decomp.core_ops import NATIVE_OPS, markdown_table
 from minicompile.ir.ops import POINTWISE_OPS
 from minicompile.lowering import LOWERINGS
+from minicompile.pipeline import compile_graph
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "minicompile"
 aten = torch.ops.aten
 
+# The pipeline's stages, in DESIGN.md's order. The core is these plus the top-level modules.
+STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", "runtime")
+# The review's goal was 10,000 lines; the core measured 10,193 when this check was added, so the
+# budget sits just above that. Lower it as code is removed, never raise it by habit.
+CORE_LINE_BUDGET = 10_500
+MAX_FILE_LINES = 600
 
-# -- the checks --------------------------------------------------------------------------------
+# DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
+FORBIDDEN_IMPORTS = {("ir", "scheduler"), ("ir", "codegen"), ("scheduler", "codegen"), ("decomp", "lowering")}
+# Generated code imports these; of minicompile, only the runtime.
+GENERATED_MAY_IMPORT = ("torch", "triton", "minicompile.runtime")
+
+# Imports inside a function, by (file, module): each needs a reason to exist.
+ALLOWED_FUNCTION_IMPORTS = {
+    ("minicompile/__init__.py", "minicompile.backend"):
+        "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
+    ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/runtime/triton_launch.py", "triton"): "optional dependency: a clear error where it is missing",
+    ("minicompile/runtime/triton_launch.py", "triton.testing"): "optional dependency, autotuning only",
+    ("minicompile/runtime/triton_interpret.py", "triton.runtime.interpreter"):
+        "importable only where Triton's interpreter runs",
+    ("minicompile/testing/opinfo_sweep.py", "torch.testing._internal.common_methods_invocations"):
+        "the OpInfo database takes seconds to import; only the sweep needs it",
+    ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
+    ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
+}
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+def python_files(root: Path) -> list[Path]:
+    """Every .py file of the checkout, skipping hidden folders (.venv, .git) and caches."""
+    return sorted(p for p in root.rglob("*.py")
+                  if not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
+
+
+def core_files(package: Path) -> list[Path]:
+    return [p for p in python_files(package) if p.parent == package or p.relative_to(package).parts[0] in STAGES]
+
+
+def line_count(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def over_budget(files: list[Path], budget: int) -> int | None:
+    """The total line count of ``files`` where it exceeds ``budget``."""
+    total = sum(map(line_count, files))
+    return total if total > budget else None
+
+
+def long_files(files: list[Path], limit: int) -> list[str]:
+    return [f"{p}: {n} lines" for p in files if (n := line_count(p)) > limit]
+
+
+def imports_in(source: str) -> list[tuple[int, tuple[str, ...], bool]]:
+    """(line, candidates, inside a function) per imported name. ``from a import b`` may import
+    module ``a.b`` or a name of ``a``, which the source alone cannot tell: its candidates are
+    ``("a.b", "a")``, the last one the module that surely runs."""
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((child.lineno, (a.name,), inner) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.extend((child.lineno, (f"{child.module}.{a.name}", child.module), inner) for a in child.names)
+            visit(child, inner)
+    visit(ast.parse(source), False)
+    return found
+
+
+def function_level_imports(sources: dict[str, str], allowed) -> list[str]:
+    """Imports inside functions that the allow-list does not name (by file and module)."""
+    bad = []
+    for rel, source in sources.items():
+        by_line: dict[int, set] = {}
+        for line, candidates, inner in imports_in(source):
+            if inner:
+                by_line.setdefault(line, set()).update(candidates)
+        bad += [f"{rel}:{line} imports {min(modules, key=len)} inside a function"
+                for line, modules in sorted(by_line.items()) if not any((rel, m) in allowed for m in modules)]
+    return bad
+
+
+def module_of(rel: str) -> str:
+    parts = list(Path(rel).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(sources: dict[str, str], modules_only: bool = False) -> set[tuple[str, str]]:
+    """(importer, imported) minicompile modules; ``modules_only`` keeps module-level imports."""
+    known = {module_of(rel) for rel in sources}
+    edges = set()
+    for rel, source in sources.items():
+        for _, candidates, inner in imports_in(source):
+            target = next((m for m in candidates if m in known), None)
+            if target is not None and target != module_of(rel) and not (modules_only and inner):
+                edges.add((module_of(rel), target))
+    return edges
+
+
+def stage(module: str) -> str:
+    """'minicompile.ir.ops' -> 'ir'; a top-level module is its own name ('pipeline')."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "minicompile"
+
+
+def layering_violations(edges) -> list[str]:
+    """Imports that break DESIGN.md's layering: a forbidden pair of stages; a stage importing
+    the front (pipeline, backend, cli, tools, testing, report; config is everyone's); the
+    runtime importing the compiler (generated code imports the runtime)."""
+    bad = []
+    for a, b in sorted(edges):
+        sa, sb = stage(a), stage(b)
+        if sa == sb or sa not in STAGES:
+            continue
+        front = sb not in STAGES and sb != "config"
+        if (sa, sb) in FORBIDDEN_IMPORTS or front or (sa == "runtime" and sb != "config"):
+            bad.append(f"{a} imports {b}")
+    return bad
+
+
+def import_cycles(edges) -> list[list[str]]:
+    """Cycles in an import graph: one per back edge of a depth-first search."""
+    graph: dict[str, set] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    cycles, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def generated_imports(source: str) -> list[str]:
+    """Modules generated code imports that it must not (anything but torch, triton, the runtime)."""
+    modules = {candidates[-1] for _, candidates, _ in imports_in(source)}
+    return sorted(m for m in modules if not any(m == ok or m.startswith(ok + ".") for ok in GENERATED_MAY_IMPORT))
+
 
 def ops_without_template(ops, templates) -> list[str]:
     """Pointwise ops a backend's template table cannot spell."""
@@ -30,18 +187,53 @@ def native_ops_without_lowering(native_ops, lowerings) -> list[str]:
     return sorted(str(op) for op in native_ops if op not in lowerings and op is not operator.getitem)
 
 
-GENERATED = re.compile(r"<!-- begin generated: markdown_table\(\) -->\n(.*?)<!-- end generated -->", re.S)
+GENERATED_DOC = re.compile(r"<!-- begin generated: markdown_table\(\) -->\n(.*?)<!-- end generated -->", re.S)
 
 
 def doc_table_drift(doc: str, generated: str) -> str | None:
     """Why the generated block of docs/core-ops.md is not ``generated``, or None."""
-    m = GENERATED.search(doc)
+    m = GENERATED_DOC.search(doc)
     if m is None:
         return "no generated block"
     return None if m.group(1) == generated else "the table differs from markdown_table()"
 
 
-# -- on the code -----------------------------------------------------------------------------
+# -- on the code -----------------------------------------------------------------------------------
+
+def package_sources() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for p in python_files(PACKAGE)}
+
+
+def test_core_stays_under_its_line_budget():
+    total = over_budget(core_files(PACKAGE), CORE_LINE_BUDGET)
+    assert total is None, f"the core has {total} lines, over its budget of {CORE_LINE_BUDGET}"
+
+
+def test_no_file_over_600_lines():
+    assert not long_files(python_files(ROOT), MAX_FILE_LINES)
+
+
+def test_function_level_imports_are_allowed_with_a_reason():
+    assert not function_level_imports(package_sources(), ALLOWED_FUNCTION_IMPORTS)
+
+
+def test_imports_follow_the_layering():
+    assert not layering_violations(import_graph(package_sources()))
+
+
+def test_no_import_cycles():
+    assert not import_cycles(import_graph(package_sources(), modules_only=True))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_generated_code_imports_only_the_runtime(backend):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    with patch(cpu_backend=backend):
+        c = compile_graph(torch.fx.symbolic_trace(lambda a: (a.sin() + 1).softmax(-1) @ a.t()), [torch.randn(4, 8)])
+    python_sources = [c.wrapper_source] + ([c.kernel_source] if backend == "triton" else [])
+    assert not [m for s in python_sources for m in generated_imports(s)]
+
 
 def test_every_pointwise_op_has_a_template_in_each_backend():
     for backend in (cpp_ops, triton_ops):
@@ -57,9 +249,42 @@ def test_core_ops_doc_is_generated_from_the_code():
     assert drift is None, f"docs/core-ops.md: {drift}; paste in the output of markdown_table()"
 
 
-# -- each check fails on a purpose-made violation ------------------------------------------------
+# -- each check reports a purpose-made violation ----------------------------------------------------
 
-def test_checks_report_violations():
+def test_size_checks_report_violations(tmp_path):
+    (tmp_path / "pkg" / "ir").mkdir(parents=True)
+    (tmp_path / "pkg" / "tools").mkdir()
+    big = tmp_path / "pkg" / "ir" / "big.py"
+    big.write_text("a = 1\n" * 5)
+    (tmp_path / "pkg" / "top.py").write_text("b = 2\n")
+    (tmp_path / "pkg" / "tools" / "t.py").write_text("c = 3\n" * 50)
+    files = core_files(tmp_path / "pkg")
+    assert sorted(p.name for p in files) == ["big.py", "top.py"]
+    assert over_budget(files, 5) == 6 and over_budget(files, 6) is None
+    assert long_files(files, 4) == [f"{big}: 5 lines"]
+
+
+def test_import_checks_report_violations():
+    source = "import os\n\ndef f():\n    import shutil\n    from triton import jit\n"
+    assert function_level_imports({"m.py": source}, {("m.py", "triton")}) == ["m.py:4 imports shutil inside a function"]
+    sources = {"minicompile/ir/graph.py": "from minicompile.codegen import common\n",
+               "minicompile/codegen/common.py": "import minicompile.ir.graph\nimport minicompile.runtime.cache\n",
+               "minicompile/runtime/cudagraphs.py": "def f():\n    from minicompile.codegen.common import k\n",
+               "minicompile/runtime/cache.py": "from minicompile.config import config\n",
+               "minicompile/decomp/x.py": "from minicompile import pipeline\n",
+               "minicompile/pipeline.py": "", "minicompile/config.py": ""}
+    edges = import_graph(sources)
+    assert layering_violations(edges) == ["minicompile.decomp.x imports minicompile.pipeline",
+                                          "minicompile.ir.graph imports minicompile.codegen.common",
+                                          "minicompile.runtime.cudagraphs imports minicompile.codegen.common"]
+    assert import_cycles(import_graph(sources, modules_only=True)) == [
+        ["minicompile.codegen.common", "minicompile.ir.graph", "minicompile.codegen.common"]]
+    assert generated_imports("import torch\nfrom minicompile.runtime.host_pool import take\n") == []
+    assert generated_imports("from minicompile.lowering import graph\nimport numpy\n") == [
+        "minicompile.lowering", "numpy"]
+
+
+def test_op_table_checks_report_violations():
     assert ops_without_template({"exp": None, "new_op": None}, {"exp": "e({0})"}) == ["new_op"]
     assert native_ops_without_lowering({aten.exp.default, operator.getitem}, {}) == ["aten.exp.default"]
     doc = "x\n<!-- begin generated: markdown_table() -->\n| a |\n<!-- end generated -->\n"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  defines prims::fma, which Dynamo emits for addcmul_
 import torch.nn.functional as F
 
 
@@ -69,6 +70,7 @@ SAMPLES = [
     Sample("xlogy", torch.xlogy, lambda: (_g(*S).relu(), _g(16).abs() * torch.arange(16))),
     Sample("compare", lambda a, b: ((a < b) & (a >= 0)) | (a == b), xy(S, S)),
     Sample("where", lambda a, b: torch.where(a > 0, a, b), xy(S, S)),
+    Sample("fma", lambda a, b, c: torch.ops.prims.fma(a, b, c), lambda: (_g(*S), _g(*S) * 3, _g(S[-1]))),
     Sample("clamp", lambda a: torch.clamp(a, -0.5, 0.5), x(*S)),
     Sample("clamp_min_tensor", lambda a, b: torch.clamp(a, min=b), xy(S, (16,))),
     Sample("masked_fill", lambda a: a.masked_fill(a > 0.5, -1.0), x(*S)),

@@ -48,6 +48,7 @@ TEMPLATES = {
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "xlogy": "tl.where({1} != {1}, {1}, tl.where({0} == 0, 0.0, {0} * tl.log({1})))",
     "where": "tl.where({0}, {1}, {2})",
+    "fma": "tl.fma({0}, {1}, {2})", ("fma", "int"): "({0} * {1} + {2})",
     ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} // {1})",
     ("remainder", "int"): "mc_remainder_i({0}, {1})", ("fmod", "int"): "({0} % {1})",
     ("isnan", "int"): "({0} != {0})", ("isinf", "int"): "({0} != {0})",

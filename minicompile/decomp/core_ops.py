@@ -83,7 +83,8 @@ FAMILIES = {
 
 
 def is_core(target) -> bool:
-    return target in CORE_OPS
+    # ops of a library loaded after us ("prims.fma.default") are listed by name
+    return target in CORE_OPS or (isinstance(target, OpOverload) and str(target) in CORE_OPS)
 
 
 def markdown_table() -> str:
@@ -100,6 +101,8 @@ def markdown_table() -> str:
 
 
 def _packet_name(op) -> str:
+    if isinstance(op, str):  # "prims.fma.default"
+        return op.rsplit(".", 1)[0]
     if not isinstance(op, OpOverload):
         return f"`operator.{op.__name__}`"
     name = op.overloadpacket.__name__

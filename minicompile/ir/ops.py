@@ -31,7 +31,9 @@ class PointwiseOp:
     """One elementwise op of the loop IR.
 
     ``aten`` names the ATen ops whose overloads lower straight to it: None is the op's own
-    name, ``()`` none (a lowering of its own emits it, e.g. ``add`` for add's ``alpha``).
+    name, ``()`` none (a lowering of its own emits it, e.g. ``add`` for add's ``alpha``); a
+    name with a namespace (``prims.fma.default``) names one overload of an op that may only
+    be defined once another library loads, and is claimed by its name.
     """
     arity: int
     expensive: bool = False    # far dearer than a load: a value using it is computed once, not per reader
@@ -70,6 +72,7 @@ POINTWISE_OPS: dict[str, PointwiseOp] = {
     "logical_and": _BINARY_TEST, "logical_or": _BINARY_TEST, "logical_xor": _BINARY_TEST,
     "bitwise_and": _BINARY, "bitwise_or": _BINARY, "bitwise_xor": _BINARY,
     "where": PointwiseOp(3),
+    "fma": PointwiseOp(3, aten=("prims.fma.default",)),  # a * b + c, rounded once (Dynamo's addcmul_)
 }
 TRANSCENDENTAL = frozenset(name for name, op in POINTWISE_OPS.items() if op.expensive)
 BOOL_RESULT = frozenset(name for name, op in POINTWISE_OPS.items() if op.bool_result)
@@ -87,6 +90,9 @@ def aten_overloads(name: str) -> list:
     row = POINTWISE_OPS[name]
     found = []
     for packet_name in (name,) if row.aten is None else row.aten:
+        if "." in packet_name:  # "prims.fma.default": claimed by name (str(OpOverload))
+            found.append(packet_name)
+            continue
         packet = getattr(torch.ops.aten, packet_name)
         overloads = [getattr(packet, o) for o in packet.overloads()]
         claimed = [ov for ov in overloads if _elementwise(ov._schema, row.arity)]

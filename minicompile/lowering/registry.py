@@ -14,7 +14,16 @@ from torch._ops import OpOverloadPacket
 
 aten = torch.ops.aten
 
-LOWERINGS: dict = {}
+LOWERINGS: dict = {}   # OpOverload, or "ns.name.overload" for ops of a library loaded later
+
+
+def lowering_for(target):
+    """The lowering of an FX call target, or None. Ops that only exist once another library
+    has loaded (``prims::fma`` appears when Dynamo imports it) are registered by name."""
+    found = LOWERINGS.get(target)
+    if found is None and isinstance(target, torch._ops.OpOverload):
+        found = LOWERINGS.get(str(target))
+    return found
 
 
 class Unsupported(Exception):
@@ -31,6 +40,8 @@ def register_lowering(ops) -> Callable:
 
     def decorator(fn):
         for op in ops:
+            if isinstance(op, str) and op.count(".") != 2:
+                raise ValueError(f"register_lowering({op!r}): name an op as 'namespace.name.overload'")
             if isinstance(op, OpOverloadPacket):
                 raise TypeError(f"register_lowering({op}) got an overload packet; name the overloads "
                                 f"(available: {op.overloads()})")

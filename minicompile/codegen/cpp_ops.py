@@ -82,3 +82,14 @@ class CppRenderer(Renderer):
 
     def clamp(self, a, lo, hi):
         return f"std::min<int64_t>(std::max<int64_t>({a}, {lo}), {hi})"
+
+
+# Reductions: kind -> (identity, combine). The identity is a number (-inf/inf become the
+# dtype's extremes where it has none, codegen/common.py); combine is a C++ expression of the
+# accumulator {0} and a value {1}. argmax/argmin carry a value and its index together, in a
+# compare-and-keep that CppKernel writes out: they have no combine expression.
+REDUCTIONS = {
+    "sum": (0, "{0} + {1}"), "prod": (1, "{0} * {1}"), "any": (0, "{0} || {1}"), "all": (1, "{0} && {1}"),
+    "max": (-math.inf, "mc_max({0}, {1})"), "min": (math.inf, "mc_min({0}, {1})"),
+    "argmax": (-math.inf, None), "argmin": (math.inf, None),
+}

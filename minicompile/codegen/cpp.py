@@ -3,7 +3,9 @@
 Each FusedKernel becomes an ``extern "C"`` function over raw pointers. Outer loops run on
 OpenMP threads; innermost loops are written so the compiler can vectorise them (unit
 stride, ``omp simd`` where iterations are independent). Loop bodies are rendered by running
-the IR's body functions against CppOps, which emits one typed temporary per value.
+the IR's body functions against CppOps, which emits one typed temporary per value. The
+helpers they call (bfloat16 rounding, mc_exp, the inline sin/cos) are in
+runtime/include/minicompile_prelude.h, which the translation unit includes.
 """
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ import torch
 
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
-from minicompile.codegen.cpp_prelude import PRELUDE
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Indirect, atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
-from minicompile.runtime.cpp_build import load as load_cpp
+from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp
 from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
@@ -439,8 +440,8 @@ class CppBackend:
     row_scratch = True    # a per-row value read by a later loop is kept in a row-sized array
 
     def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
-        """The prelude, then one ``extern "C"`` function per kernel."""
-        parts, args = [PRELUDE.strip(), ""], {}
+        """The prelude's include, then one ``extern "C"`` function per kernel."""
+        parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
         for kernel in schedule.kernels:
             ck = CppKernel(kernel, buffers, storage, sources)
             parts += [ck.render(), ""]

@@ -167,17 +167,11 @@ class CppKernel(KernelRenderer):
         return [n for n in nodes if isinstance(n.data, Reduction)]
 
     def render(self) -> str:
-        k = self.k
-        params = ", ".join(f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}" for a in self.args)
-        origins = []
-        for n in k.nodes:
-            origins += n.origins
-        lines = [f"// {k.name}: fuses FX nodes {', '.join(dict.fromkeys(origins))}"]
-        for o in dict.fromkeys(origins):
-            if o in self.sources:
-                lines.append(f"//   {o}: {self.sources[o]}")
-        lines.append(f'extern "C" void {k.name}({params})')
-        lines.append("{")
+        lines = self.header() + [f'extern "C" void {self.k.name}(']
+        for i, a in enumerate(self.args):
+            comma = "," if i < len(self.args) - 1 else ""
+            lines.append(f"    {'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}{comma}  // {a.describe()}")
+        lines += [")", "{"]
         lines += ["    " + ln for ln in self._outer()]
         lines.append("}")
         return "\n".join(lines)

@@ -185,10 +185,7 @@ class TritonKernel(KernelRenderer):
     # -- rendering --------------------------------------------------------------------------
     def render(self) -> str:
         k = self.k
-        origins = list(dict.fromkeys(o for n in k.nodes for o in n.origins))
-        lines = [f"# {k.name}: fuses FX nodes {', '.join(origins)}"]
-        lines += [f"#   {o}: {self.sources[o]}" for o in origins if o in self.sources]
-        lines.append(f"# {self.describe()}")
+        lines = self.header() + [f"# {self.describe()}"]
         lines += ["@triton.jit", f"def {k.name}("]
         lines += [f"    {a.name},  # {a.describe()}" for a in self.args]
         lines.append("    XBLOCK: tl.constexpr,  # " + ("rows per program" if self.reduction else "elements per program"))

@@ -159,12 +159,15 @@ class KernelRenderer:
             return node.data.body(ops, index, rindex)
         return node.data.body(ops, index)
 
-    def acc_dtype(self, node) -> torch.dtype:
-        return acc_dtype(node, self.WIDE_SUMS_ABOVE)
+    @classmethod
+    def acc_dtype(cls, node) -> torch.dtype:
+        return acc_dtype(node, cls.WIDE_SUMS_ABOVE)
 
-    def identity(self, kind: str, dtype: torch.dtype) -> str:
+    @classmethod
+    def identity(cls, kind: str, dtype: torch.dtype) -> str:
         """The value an accumulator starts from (and masked lanes contribute), in this language."""
-        return self.literal(identity_value(self.REDUCTIONS[kind][0], dtype), dtype)
+        return cls.literal(identity_value(cls.REDUCTIONS[kind][0], dtype), dtype)
 
-    def combine(self, kind: str):
-        return self.REDUCTIONS[kind][1]
+    @classmethod
+    def combine(cls, kind: str):
+        return cls.REDUCTIONS[kind][1]

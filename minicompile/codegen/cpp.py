@@ -96,13 +96,13 @@ class CppOps:
         return result
 
     def index_expr(self, expr, dtype):
-        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({_R.render(expr)})")
+        return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
     def to_dtype(self, x, dtype):
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})")
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})")
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
@@ -332,21 +332,20 @@ class CppKernel(KernelRenderer):
         k, kind, lines = self.k, n.data.reduction_type, ops.lines
         acc, dt = acc_dt
         acc = f"{acc}_part" if self.inner_parallel else acc
-        v = f"static_cast<{CTYPE[dt]}>({v})"
         if kind in ARG_REDUCTIONS:
             flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
             better = ">" if kind == "argmax" else "<"
-            lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
+            lines.append(f"{{ {CTYPE[dt]} v = {_cast(v, dt)}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
                          f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
         elif kind in ("max", "min") and not self.inner_parallel:
             # plain compare-select vectorises (omp max/min); a NaN is tracked on the side
-            tmp = ops._tmp(dt, v)
+            tmp = v if v.dtype == dt else ops._tmp(dt, _cast(v, dt))
             cmp = ">" if kind == "max" else "<"
             lines.append(f"{acc} = {acc} {cmp} {tmp} ? {acc} : {tmp};")
             if dt.is_floating_point:
                 lines.append(f"{acc}_nan |= ({tmp} != {tmp});")
         else:
-            lines.append(f"{acc} = {self.combine(kind).format(acc, v)};")
+            lines.append(f"{acc} = {self.combine(kind).format(acc, _cast(v, dt))};")
 
     def _reduction_results(self, reds, accs, known) -> list:
         """After the loop: each reduction's result becomes a per-row value (and a store)."""
@@ -406,14 +405,18 @@ def _simd_clauses(reds, accs) -> str:
     return " ".join(clauses)
 
 
+def _cast(value: CV, dtype: torch.dtype) -> str:
+    """``value`` as a C++ value of compute type ``dtype``: itself when it is one already."""
+    return str(value) if value.dtype == dtype else f"static_cast<{CTYPE[dtype]}>({value})"
+
+
 def _store_cast(value: CV, dtype: torch.dtype) -> str:
+    """``value`` as stored in a ``dtype`` buffer (bfloat16 is rounded from float32 bits)."""
     if dtype == torch.bfloat16:
-        return f"mc_f32_to_bf16(static_cast<float>({value}))"
+        return f"mc_f32_to_bf16({_cast(value, torch.float32)})"
     if dtype == torch.float16:
         return f"static_cast<_Float16>({value})"
-    if value.dtype == dtype:
-        return str(value)
-    return f"static_cast<{CTYPE[dtype]}>({value})"
+    return _cast(value, dtype)
 
 
 def _nest(headers: list, body: list) -> list:

@@ -70,6 +70,10 @@ def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
     return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
 
 
+def reductions_of(nodes) -> list:
+    return [n for n in nodes if isinstance(n.data, Reduction)]
+
+
 def origins_by_source_line(kernel, sources: dict) -> dict:
     """User source line ("file.py:9: code", or "" when none was recorded) -> the FX nodes from
     it, in the kernel's order: one header line per source line, not one per FX node."""

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Indirect, atoms_of
@@ -154,17 +154,13 @@ class CppKernel(KernelRenderer):
         self.work = k.outer_numel * max(k.inner_numel, 1)
         # one row, many threads: per-thread partial results combined at the end
         self.inner_parallel = (k.is_reduction and k.outer_numel == 1 and self.work >= config.parallel_threshold
-                               and all(_vectorisable(n.data.reduction_type) for n in self._reductions(k.nodes)))
+                               and all(_vectorisable(n.data.reduction_type) for n in reductions_of(k.nodes)))
         # inline sin/cos need a redo of the row when an argument is out of their range, which is
         # only sound when the loop has no accumulators and writes no buffer it reads. None: the
         # library's sin/cos; a list: inline ones, whose arguments are collected here (see CppOps)
         in_place = any(a.read and a.written for a in self.args)
         self.trig_args = [] if k.outer_ranges and not k.is_reduction and not in_place else None
         self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
-
-    @staticmethod
-    def _reductions(nodes) -> list:
-        return [n for n in nodes if isinstance(n.data, Reduction)]
 
     def render(self) -> str:
         lines = self.header() + [f'extern "C" void {self.k.name}(']
@@ -287,7 +283,7 @@ class CppKernel(KernelRenderer):
 
     def loop(self, stage, known) -> list:
         """One loop over the inner ranges: accumulators before it, per-row results after it."""
-        reds = self._reductions(stage.nodes)
+        reds = reductions_of(stage.nodes)
         accs = {n.name: (f"acc{next(self.counter)}", self.acc_dtype(n)) for n in reds}
         pre, post = self._accumulators(reds, accs)
         inner_lines = []

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.triton_ops import BOOL_RESULT, PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Indirect, Var, atoms_of
@@ -247,7 +247,7 @@ class TritonKernel(KernelRenderer):
     def loop(self, stage, known) -> list:
         """One stage over the row: in registers (persistent), or a loop of RBLOCK-wide steps."""
         k = self.k
-        reds = [n for n in stage.nodes if isinstance(n.data, Reduction)]
+        reds = reductions_of(stage.nodes)
         pre, inner, post = [], [], []
         accs = {}
         for n in reds:

@@ -25,7 +25,7 @@ def run_example(title, model, inputs, show_source=True, atol=1e-4, rtol=1e-4):
     for k, g in enumerate(graphs):
         print(f"--- graph {k}: {g.explain()}")
         if show_source:
-            print(g.kernel_source.split("\n\n", 1)[1] if "// kernel" in g.kernel_source else "(no kernels)")
+            print(g.kernel_source if g.num_kernels else "(no kernels)")
     outs = out if isinstance(out, (tuple, list)) else [out]
     refs = ref if isinstance(ref, (tuple, list)) else [ref]
     worst = max((o.float() - r.float()).abs().max().item() for o, r in zip(outs, refs))

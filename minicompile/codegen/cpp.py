@@ -3,22 +3,26 @@
 Each FusedKernel becomes an ``extern "C"`` function over raw pointers. Outer loops run on
 OpenMP threads; innermost loops are written so the compiler can vectorise them (unit
 stride, ``omp simd`` where iterations are independent). Loop bodies are rendered by running
-the IR's body functions against CppOps, which emits one typed temporary per value.
+the IR's body functions against CppOps, which emits one typed temporary per value. The
+helpers they call (bfloat16 rounding, mc_exp, the inline sin/cos) are in
+runtime/include/minicompile_prelude.h, which the translation unit includes.
 """
 from __future__ import annotations
 
-import functools
+import itertools
 import re
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
-from minicompile.codegen.cpp_ops import CTYPE, CppRenderer, literal, template
-from minicompile.codegen.cpp_prelude import PRELUDE
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
+from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp
 from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
@@ -43,7 +47,7 @@ class CppOps:
     storage: dict                         # buffer name -> pointer name
     locals: dict                          # buffer name -> (index Expr, CV) computed in-kernel
     lines: list = field(default_factory=list)
-    counter: list = field(default_factory=lambda: [0])
+    counter: Iterator[int] = field(default_factory=itertools.count)  # the kernel's, shared by its handlers
     cse: dict = field(default_factory=dict)
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
     invariant: set = field(default_factory=set)  # values computed outside the current loop
@@ -56,8 +60,7 @@ class CppOps:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
-        name = f"tmp{self.counter[0]}"
-        self.counter[0] += 1
+        name = f"tmp{next(self.counter)}"
         self.lines.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
         value = CV(name, ctype_dtype)
         self.cse[key] = value
@@ -93,13 +96,13 @@ class CppOps:
         return result
 
     def index_expr(self, expr, dtype):
-        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({_R.render(expr)})")
+        return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
     def to_dtype(self, x, dtype):
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})")
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})")
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
@@ -120,83 +123,48 @@ class CppOps:
         return self._same_every_iteration(self._tmp(compute_dtype(dtype), template(op, operand).format(*args)), *args)
 
 
-# -- reductions ---------------------------------------------------------------------------
+# -- kernels ------------------------------------------------------------------------------
 
-SIMD_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}
-
-
-def _acc_dtype(node) -> torch.dtype:
-    dt = compute_dtype(node.dtype)
-    if node.data.reduction_type in ("sum", "prod") and dt == torch.float32 and _numel(node.data.reduction_ranges) > 8192:
-        return torch.float64  # long float32 sums keep eager's accuracy only in double
-    if node.data.reduction_type in ("argmax", "argmin"):
-        return compute_dtype(node.data.src_dtype)
-    return dt
+SIMD_CLAUSE = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}  # omp reduction operators
 
 
-def _init(kind, dtype):
-    if kind == "sum" or kind == "any":
-        return literal(0, dtype)
-    if kind in ("prod", "all"):
-        return literal(1, dtype)
-    big = float("inf") if dtype.is_floating_point else None
-    if kind in ("max", "argmax"):
-        return literal(-big, dtype) if big else f"std::numeric_limits<{CTYPE[dtype]}>::lowest()"
-    return literal(big, dtype) if big else f"std::numeric_limits<{CTYPE[dtype]}>::max()"
+def _vectorisable(kind: str) -> bool:
+    """An ``omp simd``/``omp for`` reduction clause exists for this kind (argmax has none)."""
+    return kind in SIMD_CLAUSE or kind in ("max", "min")
 
 
-def _combine(kind, acc, v):
-    return {"sum": f"{acc} + {v}", "prod": f"{acc} * {v}", "max": f"mc_max({acc}, {v})",
-            "min": f"mc_min({acc}, {v})", "any": f"{acc} || {v}", "all": f"{acc} && {v}"}[kind]
-
-
-def _numel(ranges) -> int:
-    n = 1
-    for r in ranges:
-        n *= int(r)
-    return n
-
-
-class CppKernel:
+class CppKernel(KernelRenderer):
     """Renders one FusedKernel to a C++ function."""
 
+    COMMENT = "//"
+    REDUCTIONS = REDUCTIONS
+    # Adding one float at a time, a float32 sum of more than this many elements drifts from
+    # eager's (which sums in blocks); in double it keeps eager's accuracy.
+    WIDE_SUMS_ABOVE = 8192
+    literal = staticmethod(literal)
+
     def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
-        self.k = kernel
-        self.buffers = buffers
-        self.storage = storage
-        self.sources = sources
-        self.counter = [0]
-
-    @functools.cached_property
-    def _memory(self) -> dict:
-        """pointer name -> [dtype, read, written] for every buffer the kernel touches in memory."""
-        k, seen = self.k, {}
-        for n in k.nodes:
-            for r in k.reads(n):
-                if r.name not in k.local and r.name not in k.scratch:
-                    seen.setdefault(self.storage.get(r.name, r.name), [self.buffers[r.name].dtype, False, False])[1] = True
-            if n.name not in k.local and n.name not in k.scratch:
-                seen.setdefault(self.storage.get(n.name, n.name), [n.dtype, False, False])[2] = True
-        return seen
-
-    def args(self):
-        """(pointer name, dtype, written) for every buffer the kernel touches in memory."""
-        return [(p, dt, w) for p, (dt, _, w) in self._memory.items()]
+        super().__init__(kernel, buffers, storage, sources)
+        k = kernel
+        self.arg_of = {a.name: a for a in self.args}
+        self.work = k.outer_numel * max(k.inner_numel, 1)
+        # one row, many threads: per-thread partial results combined at the end
+        self.inner_parallel = (k.is_reduction and k.outer_numel == 1 and self.work >= config.parallel_threshold
+                               and all(_vectorisable(n.data.reduction_type) for n in reductions_of(k.nodes)))
+        # inline sin/cos need a redo of the row when an argument is out of their range, which is
+        # only sound when the loop has no accumulators and writes no buffer it reads. None: the
+        # library's sin/cos; a list: inline ones, whose arguments are collected here (see CppOps)
+        in_place = any(a.read and a.written for a in self.args)
+        self.trig_args = [] if k.outer_ranges and not k.is_reduction and not in_place else None
+        self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
 
     def render(self) -> str:
-        k = self.k
-        params = ", ".join(f"{'' if w else 'const '}{CTYPE[dt]}* {p}" for p, dt, w in self.args())
-        origins = []
-        for n in k.nodes:
-            origins += n.origins
-        lines = [f"// {k.name}: fuses FX nodes {', '.join(dict.fromkeys(origins))}"]
-        for o in dict.fromkeys(origins):
-            if o in self.sources:
-                lines.append(f"//   {o}: {self.sources[o]}")
-        lines.append(f'extern "C" void {k.name}({params})')
-        lines.append("{")
-        body = self._outer()
-        lines += ["    " + ln for ln in body]
+        lines = self.header() + [f'extern "C" void {self.k.name}(']
+        for i, a in enumerate(self.args):
+            comma = "," if i < len(self.args) - 1 else ""
+            lines.append(f"    {'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}{comma}  // {a.describe()}")
+        lines += [")", "{"]
+        lines += ["    " + ln for ln in self._outer()]
         lines.append("}")
         return "\n".join(lines)
 
@@ -205,19 +173,11 @@ class CppKernel:
         k = self.k
         if k.outer_numel == 0:
             return ["// empty output: nothing to compute"]
-        work = k.outer_numel * max(k.inner_numel, 1)
-        inner_parallel = (k.is_reduction and k.outer_numel == 1 and work >= config.parallel_threshold
-                          and all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min")
-                                  for n in k.nodes if isinstance(n.data, Reduction)))
-        # inline sin/cos need a redo of the row when an argument is out of their range, which is
-        # only sound when the loop has no accumulators and writes no buffer it reads
+        body = self._point_body()
         dims = list(zip(k.outer_vars, k.outer_ranges))
-        in_place = any(r and w for _, r, w in self._memory.values())
-        trig_args = [] if dims and not k.is_reduction and not in_place else None
-        body = self._point_body(inner_parallel, trig_args)
         if not dims:
             return body
-        parallel = work >= config.parallel_threshold and not inner_parallel
+        parallel = self.work >= config.parallel_threshold and not self.inner_parallel
         simd_inner = not k.is_reduction
         headers = []
         for d, (v, size) in enumerate(dims):
@@ -232,11 +192,11 @@ class CppKernel:
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
-        if trig_args:
-            return self._rows_with_trig_check(headers, dims, body, parallel, trig_args)
+        if self.trig_args:
+            return self._rows_with_trig_check(headers, dims, body, parallel)
         return _nest(headers, body)
 
-    def _rows_with_trig_check(self, headers, dims, body, parallel, trig_args) -> list:
+    def _rows_with_trig_check(self, headers, dims, body, parallel) -> list:
         """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
         MC_TRIG_MAX" and, when one was, runs the row again with the library's sin/cos (which
         rewrites every element of the row, so it needs the loop to be a pure map). A flat loop
@@ -249,7 +209,7 @@ class CppKernel:
             lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {size})"
         else:
             headers, lo, hi = headers[:-1], "0", str(size)
-        checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(trig_args)]
+        checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(self.trig_args)]
         library = [_FAST_TRIG.sub(r"std::\1(", ln) for ln in body]
         loop = f"for (int64_t {v.name} = {lo}; {v.name} < {hi}; ++{v.name})"
         row = ["int mc_big = 0;", "#pragma omp simd reduction(|:mc_big)", loop, "{"]
@@ -259,12 +219,11 @@ class CppKernel:
         row.append("}")
         return _nest(headers, row)
 
-    def _point_body(self, inner_parallel: bool, trig_args: list | None) -> list:
-        """Statements for one outer point: the stages in order. ``trig_args``: see CppOps."""
+    def _point_body(self) -> list:
+        """Statements for one outer point: the scratch rows, then the stages in order."""
         k = self.k
-        lines, locals_ = [], {}
+        lines = []
         flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
-        self.scratch = {}
         taken = set()
         for n in k.nodes:
             if n.name in k.scratch:  # a row computed in one loop and read by a later one
@@ -275,17 +234,7 @@ class CppKernel:
                 else:
                     lines.append(f"{CTYPE[dt]} {n.name}_row[{k.inner_numel}];")
                 self.scratch[n.name] = f"{n.name}_row[{flat}]"
-        for stage in k.stages:
-            if stage.kind == "scalar":
-                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch,
-                             trig_args=trig_args)
-                for n in stage.nodes:
-                    index, _ = k.node_index(n)
-                    value = n.data.body(ops, index)
-                    self._store_or_keep(ops, n, value, locals_)
-            else:
-                lines += self._loop(stage, locals_, inner_parallel)
-        return lines
+        return self.walk_stages(lines, {})
 
     def _output_row(self, n, taken: set) -> str | None:
         """Where scratch row ``n`` can live in an output row instead of its own array, or None.
@@ -303,8 +252,8 @@ class CppKernel:
             return None
         last = max(stage_of[name] for name in readers)
         o = [m for m in k.stages[last].nodes if m.name in readers][-1]
-        ptr = self.storage.get(o.name, o.name)
-        if (o.name in k.local or o.name in k.scratch or ptr in taken or self._memory[ptr][1]
+        ptr = self.pointer(o.name)
+        if (o.name in k.local or o.name in k.scratch or ptr in taken or self.arg_of[ptr].read
                 or CTYPE.get(o.dtype) != CTYPE[compute_dtype(n.dtype)] or k.stages[last].kind != "loop"):
             return None
         base = k.store_index(o) - flat_of(k.inner_vars, k.inner_ranges)
@@ -313,95 +262,100 @@ class CppKernel:
         taken.add(ptr)
         return f"{ptr} + ({_R.render(base)})"
 
-    def _store_or_keep(self, ops, n, value, locals_):
+    # -- the stage walk's hooks (codegen/common.py) --------------------------------------------
+    def ops(self, lines: list, known: dict) -> CppOps:
+        return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
+                      trig_args=self.trig_args)
+
+    def store_or_keep(self, ops, n, value, known):
         where = self.k.store_index(n)
         if n.name in self.k.local:
-            locals_[n.name] = (where, value)
+            known[n.name] = (where, value)
         elif n.name in self.k.scratch:
             ops.lines.append(f"{self.scratch[n.name]} = {value};")
-            locals_[n.name] = (where, value)  # readers in this same loop use the register
+            known[n.name] = (where, value)  # readers in this same loop use the register
         else:
-            ptr = self.storage.get(n.name, n.name)
-            ops.lines.append(f"{ptr}[{_R.render(where)}] = {_store_cast(value, n.dtype)};")
+            ops.lines.append(f"{self.pointer(n.name)}[{_R.render(where)}] = {_store_cast(value, n.dtype)};")
 
-    def _loop(self, stage, locals_, inner_parallel) -> list:
-        k = self.k
-        reds = [n for n in stage.nodes if isinstance(n.data, Reduction)]
-        pre, post, accs = [], [], {}
-        for n in reds:
-            kind, dt = n.data.reduction_type, _acc_dtype(n)
-            acc = f"acc{self.counter[0]}"
-            self.counter[0] += 1
-            accs[n.name] = (acc, dt)
-            pre.append(f"{CTYPE[dt]} {acc} = {_init(kind, dt)};")
-            if kind in ("argmax", "argmin"):
-                pre.append(f"int64_t {acc}_idx = 0;")
-            if kind in ("max", "min") and dt.is_floating_point and not inner_parallel:
-                pre.append(f"int {acc}_nan = 0;")
-                post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
+    def loop(self, stage, known) -> list:
+        """One loop over the inner ranges: accumulators before it, per-row results after it."""
+        reds = reductions_of(stage.nodes)
+        accs = {n.name: (f"acc{next(self.counter)}", self.acc_dtype(n)) for n in reds}
+        pre, post = self._accumulators(reds, accs)
         inner_lines = []
-        loop_locals = dict(locals_)
-        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch,
-                     invariant={v.expr for _, v in locals_.values()})
+        loop_known = dict(known)
+        ops = CppOps(self.buffers, self.storage, loop_known, inner_lines, self.counter, scratch=self.scratch,
+                     invariant={v.expr for _, v in known.values()})
         for n in stage.nodes:
-            index, rindex = k.node_index(n)
+            value = self.evaluate(ops, n)
             if isinstance(n.data, Reduction):
-                v = n.data.body(ops, index, rindex)
-                acc, dt = accs[n.name]
-                acc = f"{acc}_part" if inner_parallel else acc
-                kind = n.data.reduction_type
-                v = f"static_cast<{CTYPE[dt]}>({v})"
-                if kind in ("argmax", "argmin"):
-                    flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
-                    better = ">" if kind == "argmax" else "<"
-                    inner_lines.append(f"{{ {CTYPE[dt]} v = {v}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
-                                       f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
-                elif kind in ("max", "min") and not inner_parallel:
-                    # plain compare-select vectorises (omp max/min); a NaN is tracked on the side
-                    tmp = ops._tmp(dt, v)
-                    cmp = ">" if kind == "max" else "<"
-                    inner_lines.append(f"{acc} = {acc} {cmp} {tmp} ? {acc} : {tmp};")
-                    if dt.is_floating_point:
-                        inner_lines.append(f"{acc}_nan |= ({tmp} != {tmp});")
-                else:
-                    inner_lines.append(f"{acc} = {_combine(kind, acc, v)};")
+                self._accumulate(ops, n, value, accs[n.name])
             else:
-                value = n.data.body(ops, index)
-                self._store_or_keep(ops, n, value, loop_locals)
-        # after the loop: reduction results become per-row values (and stores)
-        for n in reds:
-            acc, dt = accs[n.name]
-            result = CV(f"{acc}_idx" if n.data.reduction_type in ("argmax", "argmin") else acc,
-                        torch.int64 if n.data.reduction_type in ("argmax", "argmin") else dt)
-            if dt != compute_dtype(n.dtype) and n.data.reduction_type not in ("argmax", "argmin"):
-                result = CV(f"static_cast<{CTYPE[compute_dtype(n.dtype)]}>({acc})", compute_dtype(n.dtype))
-            where = k.store_index(n)
-            if n.name in k.local:
-                locals_[n.name] = (where, result)
-            else:
-                ptr = self.storage.get(n.name, n.name)
-                post.append(f"{ptr}[{_R.render(where)}] = {_store_cast(result, n.dtype)};")
-        simd = all(n.data.reduction_type in SIMD_CLAUSE or n.data.reduction_type in ("max", "min") for n in reds)
-        clauses = []
-        for n in reds:
-            acc, dt = accs[n.name]
-            kind = n.data.reduction_type
-            if kind in SIMD_CLAUSE:
-                clauses.append(f"reduction({SIMD_CLAUSE[kind]}:{acc})")
-            elif kind in ("max", "min"):
-                clauses.append(f"reduction({kind}:{acc})")
-                if dt.is_floating_point:
-                    clauses.append(f"reduction(|:{acc}_nan)")
-        clause = " ".join(clauses)
-        if inner_parallel:
+                self.store_or_keep(ops, n, value, loop_known)
+        post += self._reduction_results(reds, accs, known)
+        if self.inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
         headers = []
-        dims = list(zip(k.inner_vars, k.inner_ranges))
+        dims = list(zip(self.k.inner_vars, self.k.inner_ranges))
+        simd = all(_vectorisable(n.data.reduction_type) for n in reds)
+        clause = _simd_clauses(reds, accs)
         for d, (v, size) in enumerate(dims):
             hdr = [f"#pragma omp simd {clause}".rstrip()] if d == len(dims) - 1 and simd else []
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
         return pre + _nest(headers, inner_lines) + post
+
+    # -- reductions -----------------------------------------------------------------------------
+    def _accumulators(self, reds, accs) -> tuple[list, list]:
+        """Declarations before the loop, and NaN fix-ups after it."""
+        pre, post = [], []
+        for n in reds:
+            (acc, dt), kind = accs[n.name], n.data.reduction_type
+            pre.append(f"{CTYPE[dt]} {acc} = {self.identity(kind, dt)};")
+            if kind in ARG_REDUCTIONS:
+                pre.append(f"int64_t {acc}_idx = 0;")
+            if kind in ("max", "min") and dt.is_floating_point and not self.inner_parallel:
+                pre.append(f"int {acc}_nan = 0;")
+                post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
+        return pre, post
+
+    def _accumulate(self, ops, n, v, acc_dt):
+        """Fold value ``v`` of reduction ``n`` into its accumulator, inside the loop."""
+        k, kind, lines = self.k, n.data.reduction_type, ops.lines
+        acc, dt = acc_dt
+        acc = f"{acc}_part" if self.inner_parallel else acc
+        if kind in ARG_REDUCTIONS:
+            flat = _R.render(flat_of(k.inner_vars, k.inner_ranges))
+            better = ">" if kind == "argmax" else "<"
+            lines.append(f"{{ {CTYPE[dt]} v = {_cast(v, dt)}; if ({acc} == {acc} && (v {better} {acc} || v != v)) "
+                         f"{{ {acc} = v; {acc}_idx = {flat}; }} }}")
+        elif kind in ("max", "min") and not self.inner_parallel:
+            # plain compare-select vectorises (omp max/min); a NaN is tracked on the side
+            tmp = v if v.dtype == dt else ops._tmp(dt, _cast(v, dt))
+            cmp = ">" if kind == "max" else "<"
+            lines.append(f"{acc} = {acc} {cmp} {tmp} ? {acc} : {tmp};")
+            if dt.is_floating_point:
+                lines.append(f"{acc}_nan |= ({tmp} != {tmp});")
+        else:
+            lines.append(f"{acc} = {self.combine(kind).format(acc, _cast(v, dt))};")
+
+    def _reduction_results(self, reds, accs, known) -> list:
+        """After the loop: each reduction's result becomes a per-row value (and a store)."""
+        post = []
+        for n in reds:
+            (acc, dt), kind = accs[n.name], n.data.reduction_type
+            if kind in ARG_REDUCTIONS:
+                result = CV(f"{acc}_idx", torch.int64)
+            elif dt != compute_dtype(n.dtype):
+                result = CV(f"static_cast<{CTYPE[compute_dtype(n.dtype)]}>({acc})", compute_dtype(n.dtype))
+            else:
+                result = CV(acc, dt)
+            where = self.k.store_index(n)
+            if n.name in self.k.local:
+                known[n.name] = (where, result)
+            else:
+                post.append(f"{self.pointer(n.name)}[{_R.render(where)}] = {_store_cast(result, n.dtype)};")
+        return post
 
     def _parallel_inner(self, reds, accs, inner_lines) -> list:
         """One row, many threads: per-thread partial results combined at the end."""
@@ -409,7 +363,7 @@ class CppKernel:
         out = ["#pragma omp parallel", "{"]
         for n in reds:
             acc, dt = accs[n.name]
-            out.append(f"    {CTYPE[dt]} {acc}_part = {_init(n.data.reduction_type, dt)};")
+            out.append(f"    {CTYPE[dt]} {acc}_part = {self.identity(n.data.reduction_type, dt)};")
         flat_var = "rflat"
         out.append("    #pragma omp for nowait")
         out.append(f"    for (int64_t {flat_var} = 0; {flat_var} < {k.inner_numel}; ++{flat_var})")
@@ -424,20 +378,37 @@ class CppKernel:
         out.append("    {")
         for n in reds:
             acc, _ = accs[n.name]
-            out.append(f"        {acc} = {_combine(n.data.reduction_type, acc, acc + '_part')};")
+            out.append(f"        {acc} = {self.combine(n.data.reduction_type).format(acc, acc + '_part')};")
         out.append("    }")
         out.append("}")
         return out
 
 
+def _simd_clauses(reds, accs) -> str:
+    clauses = []
+    for n in reds:
+        (acc, dt), kind = accs[n.name], n.data.reduction_type
+        if kind in SIMD_CLAUSE:
+            clauses.append(f"reduction({SIMD_CLAUSE[kind]}:{acc})")
+        elif kind in ("max", "min"):
+            clauses.append(f"reduction({kind}:{acc})")
+            if dt.is_floating_point:
+                clauses.append(f"reduction(|:{acc}_nan)")
+    return " ".join(clauses)
+
+
+def _cast(value: CV, dtype: torch.dtype) -> str:
+    """``value`` as a C++ value of compute type ``dtype``: itself when it is one already."""
+    return str(value) if value.dtype == dtype else f"static_cast<{CTYPE[dtype]}>({value})"
+
+
 def _store_cast(value: CV, dtype: torch.dtype) -> str:
+    """``value`` as stored in a ``dtype`` buffer (bfloat16 is rounded from float32 bits)."""
     if dtype == torch.bfloat16:
-        return f"mc_f32_to_bf16(static_cast<float>({value}))"
+        return f"mc_f32_to_bf16({_cast(value, torch.float32)})"
     if dtype == torch.float16:
         return f"static_cast<_Float16>({value})"
-    if value.dtype == dtype:
-        return str(value)
-    return f"static_cast<{CTYPE[dtype]}>({value})"
+    return _cast(value, dtype)
 
 
 def _nest(headers: list, body: list) -> list:
@@ -451,10 +422,22 @@ def _nest(headers: list, body: list) -> list:
     return out
 
 
-def generate_cpp(schedule, buffers: dict, storage: dict, sources: dict) -> str:
-    """The whole translation unit: prelude plus one function per kernel."""
-    parts = [PRELUDE.strip(), ""]
-    for kernel in schedule.kernels:
-        parts.append(CppKernel(kernel, buffers, storage, sources).render())
-        parts.append("")
-    return "\n".join(parts)
+class CppBackend:
+    """C++ on the CPU: every kernel of a graph in one translation unit, called through ctypes."""
+    name = "cpp"
+    pass_pointers = True  # the wrapper passes ``t.data_ptr()``
+    row_scratch = True    # a per-row value read by a later loop is kept in a row-sized array
+
+    def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
+        """The prelude's include, then one ``extern "C"`` function per kernel."""
+        parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
+        for kernel in schedule.kernels:
+            ck = CppKernel(kernel, buffers, storage, sources)
+            parts += [ck.render(), ""]
+            args[kernel.name] = [a.name for a in ck.args]
+        return GeneratedKernels("\n".join(parts), args, "cpp")
+
+    def load(self, generated: GeneratedKernels):
+        if not generated.kernel_args:
+            return None
+        return load_cpp(generated.source, {n: len(a) for n, a in generated.kernel_args.items()})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -59,6 +60,8 @@ def template(op: str, operand_dtype: torch.dtype) -> str:
 
 
 def literal(value, dtype: torch.dtype) -> str:
+    """A constant of ``dtype``, with the value eager computes with: a Python float is rounded
+    to float32 by ``static_cast`` unless float32 holds it exactly (then ``0.5f`` is it)."""
     ctype = CTYPE[dtype]
     if dtype == torch.bool:
         return "true" if value else "false"
@@ -68,11 +71,21 @@ def literal(value, dtype: torch.dtype) -> str:
             return f"std::numeric_limits<{ctype}>::quiet_NaN()"
         if math.isinf(v):
             return f"{'-' if v < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+        if dtype == torch.float64 or dtype == torch.float32 and _exact_in_float32(v):
+            text = repr(v) + ("f" if dtype == torch.float32 else "")
+            return f"({text})" if text.startswith("-") else text  # (-{0}) must not become --0.5f
         return f"static_cast<{ctype}>({v!r})"
     v = int(value)
+    info = torch.iinfo(dtype)
+    if v != 0 and v in (info.min, info.max):  # by name: -2**63 has no literal
+        return f"std::numeric_limits<{ctype}>::{'min' if v == info.min else 'max'}()"
     if dtype == torch.int64:
-        return f"INT64_C({v})" if v != -(2 ** 63) else "std::numeric_limits<int64_t>::min()"
+        return f"INT64_C({v})"
     return f"static_cast<{ctype}>({v})"
+
+
+def _exact_in_float32(v: float) -> bool:
+    return abs(v) <= torch.finfo(torch.float32).max and struct.unpack("f", struct.pack("f", v))[0] == v
 
 
 class CppRenderer(Renderer):
@@ -84,3 +97,14 @@ class CppRenderer(Renderer):
 
     def clamp(self, a, lo, hi):
         return f"std::min<int64_t>(std::max<int64_t>({a}, {lo}), {hi})"
+
+
+# Reductions: kind -> (identity, combine). The identity is a number (-inf/inf become the
+# dtype's extremes where it has none, codegen/common.py); combine is a C++ expression of the
+# accumulator {0} and a value {1}. argmax/argmin carry a value and its index together, in a
+# compare-and-keep that CppKernel writes out: they have no combine expression.
+REDUCTIONS = {
+    "sum": (0, "{0} + {1}"), "prod": (1, "{0} * {1}"), "any": (0, "{0} || {1}"), "all": (1, "{0} && {1}"),
+    "max": (-math.inf, "mc_max({0}, {1})"), "min": (math.inf, "mc_min({0}, {1})"),
+    "argmax": (-math.inf, None), "argmin": (math.inf, None),
+}

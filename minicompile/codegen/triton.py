@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.codegen.triton_ops import (COMBINE, PRELUDE, TL, TritonRenderer, literal,
-                                            reduction_init, template)
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.triton_ops import PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
@@ -64,8 +64,7 @@ class TritonOps:
         key = (expr, dtype)
         if key in self.cse:
             return self.cse[key]
-        name = f"tmp{self.kernel.counter}"
-        self.kernel.counter += 1
+        name = f"tmp{next(self.kernel.counter)}"
         self.lines.append(f"{name} = {expr}")
         value = TV(name, dtype, frozenset(groups))
         self.kernel.groups_of[name] = value.groups
@@ -144,15 +143,18 @@ def _as_tensor(x: TV) -> str:
     return f"tl.full([], {x.expr}, {TL[x.dtype]})"
 
 
-class TritonKernel:
+class TritonKernel(KernelRenderer):
     """Renders one FusedKernel to a ``@triton.jit`` function (and its launch metadata)."""
 
+    COMMENT = "#"
+    REDUCTIONS = REDUCTIONS
+    # Per-lane accumulators and a tree reduction across lanes keep a long float32 sum close to
+    # eager's without float64, which is many times slower on GPUs.
+    WIDE_SUMS_ABOVE = None
+    literal = staticmethod(literal)
+
     def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
-        self.k = kernel
-        self.buffers = buffers
-        self.storage = storage
-        self.sources = sources
-        self.counter = 0
+        super().__init__(kernel, buffers, storage, sources)
         self.groups_of = {}          # temporary name -> groups (for indirect indices)
         self.written = set()         # buffers this kernel has stored so far (while rendering)
         self.row_cse = {}            # persistent kernels: values stay valid for the whole row
@@ -163,24 +165,7 @@ class TritonKernel:
         big = max([b.layout.storage_numel() for b in buffers.values() if b.layout is not None] + [0])
         self.index_dtype = "tl.int64" if big > INT32_LIMIT or self.xnumel * self.rnumel > INT32_LIMIT else None
 
-    # -- arguments, pointers, masks ------------------------------------------------------
-    def args(self):
-        """(argument name, dtype, read, written) for every buffer the kernel touches in memory."""
-        seen = {}
-        for n in self.k.nodes:
-            for r in self.k.reads(n):
-                if r.name in self.k.local:
-                    continue
-                ptr = self.storage.get(r.name, r.name)
-                seen.setdefault(ptr, [self.buffers[r.name], False, False])[1] = True
-            if n.name not in self.k.local:
-                ptr = self.storage.get(n.name, n.name)
-                seen.setdefault(ptr, [n, False, False])[2] = True
-        return [(p, b, rd, wr) for p, (b, rd, wr) in seen.items()]
-
-    def pointer(self, name: str) -> str:
-        return self.storage.get(name, name)
-
+    # -- masks --------------------------------------------------------------------------------
     def index_groups(self, index: Expr) -> frozenset:
         groups = set()
         for a in atoms_of(index):
@@ -196,15 +181,9 @@ class TritonKernel:
     # -- rendering --------------------------------------------------------------------------
     def render(self) -> str:
         k = self.k
-        origins = list(dict.fromkeys(o for n in k.nodes for o in n.origins))
-        lines = [f"# {k.name}: fuses FX nodes {', '.join(origins)}"]
-        lines += [f"#   {o}: {self.sources[o]}" for o in origins if o in self.sources]
-        lines.append(f"# {self.describe()}")
+        lines = self.header() + [f"# {self.describe()}"]
         lines += ["@triton.jit", f"def {k.name}("]
-        for p, b, rd, wr in self.args():
-            role = "in/out" if rd and wr else "out" if wr else "in"
-            lay = b.layout
-            lines.append(f"    {p},  # {role}: {str(lay.dtype).replace('torch.', '')}{list(lay.size)}")
+        lines += [f"    {a.name},  # {a.describe()}" for a in self.args]
         lines.append("    XBLOCK: tl.constexpr,  # " + ("rows per program" if self.reduction else "elements per program"))
         if self.reduction:
             what = "the whole row (persistent)" if self.persistent else "lanes per loop step"
@@ -235,19 +214,14 @@ class TritonKernel:
         if self.reduction and self.persistent:
             out += ["rindex = tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
             out += _unravel("rindex", k.inner_vars, k.inner_ranges)
-        known: dict = {}
-        for stage in k.stages:
-            out.append("")
-            if stage.kind == "scalar":
-                ops = TritonOps(self, out, known)
-                for n in stage.nodes:
-                    index, _ = k.node_index(n)
-                    self._store_or_keep(ops, n, n.data.body(ops, index), known, {"x"})
-            else:
-                out += self._loop(stage, known)
-        return out
+        return self.walk_stages(out, {}, separator=("",))
 
-    def _store_or_keep(self, ops, n, value, known, level_groups):
+    # -- the stage walk's hooks (codegen/common.py) --------------------------------------------
+    def ops(self, lines: list, known: dict) -> TritonOps:
+        return TritonOps(self, lines, known)
+
+    def store_or_keep(self, ops, n, value, known, level_groups=frozenset({"x"})):
+        """Store ``n``'s value (masked by the loop groups it is computed at), and remember it."""
         where = self.k.store_index(n)
         known[n.name] = (where, value)
         if n.name in self.k.local:
@@ -266,20 +240,19 @@ class TritonKernel:
         for key in [k for k in ops.cse if k[0].startswith(f"tl.load({ptr} +")]:
             del ops.cse[key]  # the memory changed under that load
 
-    # -- reductions -------------------------------------------------------------------------
-    def _loop(self, stage, known) -> list:
+    def loop(self, stage, known) -> list:
+        """One stage over the row: in registers (persistent), or a loop of RBLOCK-wide steps."""
         k = self.k
-        reds = [n for n in stage.nodes if isinstance(n.data, Reduction)]
+        reds = reductions_of(stage.nodes)
         pre, inner, post = [], [], []
         accs = {}
         for n in reds:
-            kind, dt = n.data.reduction_type, _acc_dtype(n)
-            acc = f"acc{self.counter}"
-            self.counter += 1
+            kind, dt = n.data.reduction_type, self.acc_dtype(n)
+            acc = f"acc{next(self.counter)}"
             accs[n.name] = (acc, dt)
             if not self.persistent:
-                pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {reduction_init(kind, dt)}, {TL[dt]})")
-                if kind in ("argmax", "argmin"):
+                pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {self.identity(kind, dt)}, {TL[dt]})")
+                if kind in ARG_REDUCTIONS:
                     pre.append(f"{acc}_index = tl.full([XBLOCK, RBLOCK], {INT32_LIMIT}, tl.int64)")
         loop_known = dict(known)
         # an empty row reads nothing, even where the index does not depend on the row
@@ -288,36 +261,34 @@ class TritonKernel:
             inner += ["rindex = roffset + tl.arange(0, RBLOCK)[None, :]", "rmask = rindex < rnumel"]
             inner += _unravel("rindex", k.inner_vars, k.inner_ranges)
         for n in stage.nodes:
-            index, rindex = k.node_index(n)
+            v = self.evaluate(ops, n)
             if not isinstance(n.data, Reduction):
-                self._store_or_keep(ops, n, n.data.body(ops, index), loop_known, {"x", "r"})
+                self.store_or_keep(ops, n, v, loop_known, {"x", "r"})
                 continue
-            v = n.data.body(ops, index, rindex)
             acc, dt = accs[n.name]
             kind = n.data.reduction_type
-            lanes = f"tl.where(xmask & rmask, {v}, {reduction_init(kind, dt)})"
+            lanes = f"tl.where(xmask & rmask, {v}, {self.identity(kind, dt)})"
             if v.dtype != dt:
-                lanes = f"tl.where(xmask & rmask, {_as_tensor(v)}.to({TL[dt]}), {reduction_init(kind, dt)})"
+                lanes = f"tl.where(xmask & rmask, {_as_tensor(v)}.to({TL[dt]}), {self.identity(kind, dt)})"
             if self.persistent:
                 inner.append(f"{acc} = {lanes}")
                 result = self._finish(kind, acc, dt, inner, "rindex")
             else:
                 if kind == "sum":
                     inner.append(f"{acc} = {acc} + {lanes}")
-                elif kind in ("argmax", "argmin"):
-                    inner.append(f"{acc}_next, {acc}_index_next = {COMBINE[kind]}({acc}, {acc}_index, {lanes}, "
+                elif kind in ARG_REDUCTIONS:
+                    inner.append(f"{acc}_next, {acc}_index_next = {self.combine(kind)}({acc}, {acc}_index, {lanes}, "
                                  f"rindex.to(tl.int64))")
                     inner.append(f"{acc} = tl.where(xmask & rmask, {acc}_next, {acc})")
                     inner.append(f"{acc}_index = tl.where(xmask & rmask, {acc}_index_next, {acc}_index)")
                 else:
-                    inner.append(f"{acc} = tl.where(xmask & rmask, {COMBINE[kind]}({acc}, {lanes}), {acc})")
+                    inner.append(f"{acc} = tl.where(xmask & rmask, {self.combine(kind)}({acc}, {lanes}), {acc})")
                 result = self._finish(kind, acc, dt, post, f"{acc}_index")
-            out_dt = torch.int64 if kind in ("argmax", "argmin") else compute_dtype(n.dtype)
-            value = TV(result, out_dt if kind not in ("argmax", "argmin") else torch.int64, frozenset({"x"}))
-            if dt != out_dt and kind not in ("argmax", "argmin"):
-                value = TV(f"{result}.to({TL[out_dt]})", out_dt, frozenset({"x"}))
+            out_dt = torch.int64 if kind in ARG_REDUCTIONS else compute_dtype(n.dtype)
+            if out_dt != dt and kind not in ARG_REDUCTIONS:
+                result = f"{result}.to({TL[out_dt]})"
             target = inner if self.persistent else post
-            self._store_or_keep(TritonOps(self, target, known), n, value, known, {"x"})
+            self.store_or_keep(self.ops(target, known), n, TV(result, out_dt, frozenset({"x"})), known)
         if self.persistent:
             # the whole row is in registers: later stages reuse this stage's row values
             known.update({name: kv for name, kv in loop_known.items() if name not in known})
@@ -328,21 +299,13 @@ class TritonKernel:
     def _finish(self, kind, acc, dt, lines, index_lanes) -> str:
         """Reduce lanes ``acc`` across the row; returns the ``[XBLOCK, 1]`` result's name."""
         res = f"{acc}_row"
-        if kind == "sum":
-            lines.append(f"{res} = tl.reduce({acc}, 1, {COMBINE[kind]})[:, None]")
-        elif kind in ("argmax", "argmin"):
+        if kind in ARG_REDUCTIONS:
             idx = index_lanes if index_lanes != "rindex" else "tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK])"
-            lines.append(f"_, {res} = tl.reduce(({acc}, {idx}), 1, {COMBINE[kind]})")
+            lines.append(f"_, {res} = tl.reduce(({acc}, {idx}), 1, {self.combine(kind)})")
             lines.append(f"{res} = {res}[:, None]")
         else:
-            lines.append(f"{res} = tl.reduce({acc}, 1, {COMBINE[kind]})[:, None]")
+            lines.append(f"{res} = tl.reduce({acc}, 1, {self.combine(kind)})[:, None]")
         return res
-
-
-def _acc_dtype(node) -> torch.dtype:
-    if node.data.reduction_type in ("argmax", "argmin"):
-        return compute_dtype(node.data.src_dtype)
-    return compute_dtype(node.dtype)
 
 
 def _unravel(flat: str, variables, ranges) -> list:
@@ -359,44 +322,30 @@ def _unravel(flat: str, variables, ranges) -> list:
     return out
 
 
-def generate_triton(schedule, buffers: dict, storage: dict, sources: dict) -> tuple[str, dict, dict]:
-    """The whole module: prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
-    parts = ["# minicompile: Triton kernels for one graph", PRELUDE]
-    args, launch = {}, {}
-    for kernel in schedule.kernels:
-        tk = TritonKernel(kernel, buffers, storage, sources)
-        parts += ["", tk.render(), ""]
-        args[kernel.name] = [p for p, _, _, _ in tk.args()]
-        launch[kernel.name] = {"xnumel": tk.xnumel, "rnumel": tk.rnumel if tk.reduction else None,
-                               "persistent": tk.persistent,
-                               "written": [p for p, _, _, wr in tk.args() if wr]}
-    parts.append("")
-    parts.append("# kernel -> what the launcher needs: rows/elements, reduced extent, and the arguments it writes")
-    parts.append("LAUNCH = {")
-    parts += [f"    {name!r}: {meta!r}," for name, meta in launch.items()]
-    parts.append("}")
-    return "\n".join(parts) + "\n", args, launch
-
-
-@dataclass
-class TritonGenerated:
-    source: str
-    kernel_args: dict   # kernel name -> [tensor argument names, in call order]
-    language: str
-    interpret: bool     # CPU tensors: kernels run in the Triton interpreter
-
-
 class TritonBackend:
+    """Triton: every kernel of a graph in one Python module, launched by runtime/triton_launch.py."""
     name = "triton"
     pass_pointers = False  # the wrapper passes tensors; Triton takes their data pointers
     row_scratch = False    # a persistent row is in registers anyway; a looped one re-reads memory
 
-    def generate(self, schedule, buffers, storage, sources) -> TritonGenerated:
-        source, args, _ = generate_triton(schedule, buffers, storage, sources)
+    def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
+        """The prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
+        parts, args, launch = ["# minicompile: Triton kernels for one graph", PRELUDE], {}, {}
+        for kernel in schedule.kernels:
+            tk = TritonKernel(kernel, buffers, storage, sources)
+            parts += ["", tk.render(), ""]
+            args[kernel.name] = [a.name for a in tk.args]
+            launch[kernel.name] = {"xnumel": tk.xnumel, "rnumel": tk.rnumel if tk.reduction else None,
+                                   "persistent": tk.persistent, "written": [a.name for a in tk.args if a.written]}
+        parts.append("")
+        parts.append("# kernel -> what the launcher needs: rows/elements, reduced extent, and the arguments it writes")
+        parts.append("LAUNCH = {")
+        parts += [f"    {name!r}: {meta!r}," for name, meta in launch.items()]
+        parts.append("}")
         devices = {b.layout.device.type for b in buffers.values() if b.layout is not None}
-        return TritonGenerated(source, args, "python", interpret="cuda" not in devices)
+        return GeneratedKernels("\n".join(parts) + "\n", args, "python", interpret="cuda" not in devices)
 
-    def load(self, generated: TritonGenerated):
+    def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:
             return None
         return load_triton(generated.source, generated.kernel_args, generated.interpret)

@@ -76,26 +76,6 @@ def literal(value, dtype: torch.dtype) -> str:
     return str(v)
 
 
-def reduction_init(kind: str, dtype: torch.dtype) -> str:
-    """The identity each reduction starts from (and masked lanes contribute)."""
-    if kind in ("sum", "any"):
-        return literal(0, dtype)
-    if kind in ("prod", "all"):
-        return literal(1, dtype)
-    if dtype.is_floating_point:
-        return literal(float("-inf") if kind in ("max", "argmax") else float("inf"), dtype)
-    if dtype == torch.bool:
-        return "False" if kind in ("max", "argmax") else "True"
-    info = torch.iinfo(dtype)
-    return literal(info.min if kind in ("max", "argmax") else info.max, dtype)
-
-
-# reduction kind -> combine function for tl.reduce. (tl.sum is itself a jit function, which the
-# interpreter cannot call unless triton was imported in interpreter mode; these are ours.)
-COMBINE = {"sum": "mc_add", "prod": "mc_mul", "max": "mc_maximum", "min": "mc_minimum", "any": "mc_or", "all": "mc_and",
-           "argmax": "mc_argmax_combine", "argmin": "mc_argmin_combine"}
-
-
 class TritonRenderer(Renderer):
     """Index expressions: Triton's integer // and % truncate like C, as the C++ backend's do."""
 
@@ -200,3 +180,15 @@ def mc_sign(a):
     s = tl.where(a > 0, 1, tl.where(a < 0, -1, 0)).to(a.dtype)
     return tl.where(a != a, a, s)
 '''
+
+
+# Reductions: kind -> (identity, combine). The identity is a number (-inf/inf become the
+# dtype's extremes where it has none, codegen/common.py); combine is the @triton.jit function
+# (in PRELUDE) that tl.reduce and the looped accumulators call. tl.sum and friends are
+# themselves jit functions, which the interpreter cannot call unless triton was imported in
+# interpreter mode; these are ours.
+REDUCTIONS = {
+    "sum": (0, "mc_add"), "prod": (1, "mc_mul"), "any": (0, "mc_or"), "all": (1, "mc_and"),
+    "max": (-math.inf, "mc_maximum"), "min": (math.inf, "mc_minimum"),
+    "argmax": (-math.inf, "mc_argmax_combine"), "argmin": (math.inf, "mc_argmin_combine"),
+}

@@ -1,4 +1,9 @@
-"""Build a C++ translation unit into a shared library (cached) and load it with ctypes."""
+"""Build a C++ translation unit into a shared library (cached) and load it with ctypes.
+
+Generated kernels include the helpers in ``include/minicompile_prelude.h`` (package data,
+next to this file) instead of carrying them, so a printed kernel source is the kernel. The
+cache key hashes every header there with the source, the flags and the compiler version.
+"""
 from __future__ import annotations
 
 import ctypes
@@ -17,6 +22,9 @@ from minicompile.runtime import cache
 # -ffp-contract=off: no fused multiply-adds, so x*y - x*y is exactly 0 as in eager.
 # -fno-math-errno/-fno-trapping-math and __FAST_MATH__ let glibc hand the vectoriser its SIMD
 # exp/log/sin/...; unlike -ffast-math they keep NaN and Inf semantics, which eager relies on.
+INCLUDE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+PRELUDE_HEADER = "minicompile_prelude.h"  # every generated translation unit includes it
+
 CXXFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
             "-D__FAST_MATH__", "-shared", "-fPIC", "-std=c++17", "-w"]
 
@@ -56,6 +64,21 @@ def _compiler_version(path: str) -> str:
         return path
 
 
+def _headers() -> bytes:
+    """The headers generated code can include, names and contents: part of the cache key.
+    Read on every build (a few KB), so an edited header is never served a stale library."""
+    parts = []
+    for name in sorted(os.listdir(INCLUDE_DIR)):
+        with open(os.path.join(INCLUDE_DIR, name), "rb") as f:
+            parts += [name.encode(), b"\0", f.read(), b"\0"]
+    return b"".join(parts)
+
+
+def build_key(source: str) -> str:
+    """The cache key of ``source``: it, the included headers, the flags and the compiler."""
+    return cache.digest(source, _headers(), " ".join(CXXFLAGS), _compiler_version(compiler()))
+
+
 _build_locks: dict = {}
 _locks_guard = threading.Lock()
 
@@ -63,7 +86,7 @@ _locks_guard = threading.Lock()
 def build(source: str) -> str:
     """Path of a shared library built from ``source``: from the cache, or compiled now."""
     cxx = compiler()
-    key = cache.digest(source, " ".join(CXXFLAGS), _compiler_version(cxx))
+    key = build_key(source)
     with _locks_guard:
         lock = _build_locks.setdefault(key, threading.Lock())
     with lock:
@@ -75,7 +98,7 @@ def build(source: str) -> str:
             f.write(source)
         os.replace(src_path + ".tmp", src_path)
         tmp_lib = f"{lib_path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        cmd = [cxx, *CXXFLAGS, src_path, "-o", tmp_lib]
+        cmd = [cxx, *CXXFLAGS, "-I", INCLUDE_DIR, src_path, "-o", tmp_lib]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CppCompileError(f"compiling generated kernels failed (source: {src_path}).\n"

@@ -1,6 +1,10 @@
-"""The helpers every generated C++ translation unit starts with."""
+// minicompile_prelude.h: the helpers every generated C++ translation unit includes.
+//
+// Generated kernels (codegen/cpp.py) start with #include "minicompile_prelude.h"; the build
+// (runtime/cpp_build.py) puts this directory on the include path and hashes this file into
+// the cache key, so a changed helper rebuilds every kernel that uses it.
+#pragma once
 
-PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,4 +133,3 @@ template <typename I, typename F> static inline I mc_f2i(F x) {
     const F lo = static_cast<F>(std::numeric_limits<I>::min());
     return (x >= lo && x < -lo) ? static_cast<I>(x) : std::numeric_limits<I>::min();
 }
-"""

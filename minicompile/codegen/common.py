@@ -1,0 +1,177 @@
+"""What every code generator shares: a kernel's arguments, its header, the stage walk, reductions.
+
+A backend renders each FusedKernel (scheduler/kernel.py) with a KernelRenderer subclass
+(CppKernel, TritonKernel). The subclass supplies the spelling: an ops handler that runs the
+IR's body functions, how a value is stored or kept in registers, and how a loop stage becomes
+a loop. What is the same everywhere lives here, so the two generators cannot drift apart:
+
+- the arguments: every buffer the kernel touches in memory, in first-use order, with its role,
+  dtype and shape (``KernelArg``);
+- the header comment: the FX nodes the kernel fuses, grouped by the user source line they came from;
+- the stage walk: a "scalar" stage runs once per outer point, a "loop" stage is one loop over
+  the inner (reduced) ranges, in the order the scheduler planned;
+- reductions: each backend's ``REDUCTIONS = {kind: (identity, combine)}`` table (next to its
+  op templates) and one rule for the accumulator's dtype.
+
+This is the split of Inductor's ``codegen/common.py``, without its class hierarchy.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from minicompile.ir.nodes import Buffer, Reduction
+from minicompile.ir.ops import compute_dtype
+
+ARG_REDUCTIONS = ("argmax", "argmin")  # the result is an index; the accumulator holds the values
+
+
+@dataclass(frozen=True)
+class GeneratedKernels:
+    """What a code generator hands the runtime: one source holding every kernel of a graph."""
+    source: str              # the C++ translation unit or the Python module: what DEBUG prints
+    kernel_args: dict        # kernel name -> argument names in call order (pointers or tensors)
+    language: str            # "cpp" | "python": syntax highlighting and file suffixes
+    interpret: bool = False  # Triton with CPU tensors: the kernels run in the Triton interpreter
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One buffer a kernel reads or writes in memory (not one kept in registers or a row)."""
+    name: str        # the argument: the buffer's storage name (a mutated input's, for in-place writes)
+    buffer: Buffer   # the first buffer seen under that name: its dtype and shape describe the argument
+    read: bool
+    written: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.dtype
+
+    def describe(self) -> str:
+        """``in: float32[64, 1000]``, the comment beside the argument in either language."""
+        role = "in/out" if self.read and self.written else "out" if self.written else "in"
+        return f"{role}: {str(self.dtype).replace('torch.', '')}{list(self.buffer.layout.size)}"
+
+
+def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
+    """Every buffer ``kernel`` touches in memory, in first-use order (the call order)."""
+    in_memory = lambda name: name not in kernel.local and name not in kernel.scratch
+    seen: dict = {}  # argument name -> [buffer, read, written]
+    for n in kernel.nodes:
+        for r in kernel.reads(n):
+            if in_memory(r.name):
+                seen.setdefault(storage.get(r.name, r.name), [buffers[r.name], False, False])[1] = True
+        if in_memory(n.name):
+            seen.setdefault(storage.get(n.name, n.name), [n, False, False])[2] = True
+    return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
+
+
+def reductions_of(nodes) -> list:
+    return [n for n in nodes if isinstance(n.data, Reduction)]
+
+
+def origins_by_source_line(kernel, sources: dict) -> dict:
+    """User source line ("file.py:9: code", or "" when none was recorded) -> the FX nodes from
+    it, in the kernel's order: one header line per source line, not one per FX node."""
+    groups: dict = {}
+    for origin in dict.fromkeys(o for n in kernel.nodes for o in n.origins):
+        groups.setdefault(sources.get(origin, ""), []).append(origin)
+    return groups
+
+
+def acc_dtype(node, wide_sums_above: int | None) -> torch.dtype:
+    """The dtype a reduction accumulates in: the compute dtype of its result (of its values
+    for argmax/argmin, whose result is an index). A float32 sum or product of more than
+    ``wide_sums_above`` elements accumulates in float64 (None: never); see each backend's
+    WIDE_SUMS_ABOVE for why they differ."""
+    kind = node.data.reduction_type
+    if kind in ARG_REDUCTIONS:
+        return compute_dtype(node.data.src_dtype)
+    dt = compute_dtype(node.dtype)
+    if (wide_sums_above is not None and kind in ("sum", "prod") and dt == torch.float32
+            and math.prod(int(r) for r in node.data.reduction_ranges) > wide_sums_above):
+        return torch.float64
+    return dt
+
+
+def identity_value(identity, dtype: torch.dtype):
+    """A reduction table's identity for ``dtype``: +-inf (max/min) becomes the dtype's
+    extreme where it has no infinity (integers, bool)."""
+    if dtype.is_floating_point or not (isinstance(identity, float) and math.isinf(identity)):
+        return identity
+    if dtype == torch.bool:
+        return identity > 0
+    info = torch.iinfo(dtype)
+    return info.min if identity < 0 else info.max
+
+
+class KernelRenderer:
+    """The skeleton of one kernel's code. A subclass sets the class parameters and writes the
+    hooks ``ops(lines, known)``, ``store_or_keep(ops, node, value, known)`` and
+    ``loop(stage, known) -> lines``."""
+
+    COMMENT: str                 # line comment of the target language
+    REDUCTIONS: dict             # kind -> (identity, combine), from the backend's ops module
+    WIDE_SUMS_ABOVE: int | None  # see acc_dtype
+    literal: Callable            # the backend's literal(value, dtype) -> str, as a staticmethod
+
+    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
+        self.k = kernel
+        self.buffers = buffers
+        self.storage = storage
+        self.sources = sources
+        self.counter = itertools.count()  # numbers temporaries and accumulators, unique in the kernel
+        self.args = kernel_args(kernel, buffers, storage)
+
+    def pointer(self, name: str) -> str:
+        """The argument a buffer is read or written through (a mutated input's, for in-place ones)."""
+        return self.storage.get(name, name)
+
+    def header(self) -> list[str]:
+        c, groups = self.COMMENT, origins_by_source_line(self.k, self.sources)
+        if list(groups) == [""]:
+            return [f"{c} {self.k.name}: fuses FX nodes {', '.join(groups[''])}"]
+        lines = [f"{c} {self.k.name}: fuses FX nodes, by the user source line they came from:"]
+        for source, nodes in groups.items():
+            where, _, code = source.partition(": ")
+            lines.append(f"{c}   {where or '(no source line)'}  <- {', '.join(nodes)}")
+            if code:
+                lines.append(f"{c}       {code}")
+        return lines
+
+    def walk_stages(self, lines: list, known: dict, separator: tuple = ()) -> list:
+        """Append the kernel's stages to ``lines`` in order, each after ``separator``. ``known``:
+        buffer name -> (index, value) of what the stages so far hold in registers."""
+        for stage in self.k.stages:
+            lines += separator
+            if stage.kind == "scalar":  # once per outer point: straight into the kernel body
+                ops = self.ops(lines, known)
+                for n in stage.nodes:
+                    self.store_or_keep(ops, n, self.evaluate(ops, n), known)
+            else:
+                lines += self.loop(stage, known)
+        return lines
+
+    def evaluate(self, ops, node):
+        """Run ``node``'s body against ``ops`` at the kernel's loop variables; its value."""
+        index, rindex = self.k.node_index(node)
+        if isinstance(node.data, Reduction):
+            return node.data.body(ops, index, rindex)
+        return node.data.body(ops, index)
+
+    @classmethod
+    def acc_dtype(cls, node) -> torch.dtype:
+        return acc_dtype(node, cls.WIDE_SUMS_ABOVE)
+
+    @classmethod
+    def identity(cls, kind: str, dtype: torch.dtype) -> str:
+        """The value an accumulator starts from (and masked lanes contribute), in this language."""
+        return cls.literal(identity_value(cls.REDUCTIONS[kind][0], dtype), dtype)
+
+    @classmethod
+    def combine(cls, kind: str):
+        return cls.REDUCTIONS[kind][1]

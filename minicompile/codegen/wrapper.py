@@ -1,12 +1,14 @@
 """The host wrapper: Python that allocates buffers, calls kernels and externs, returns outputs.
 
 The generated module defines ``make(lib, externs, constants) -> call`` where ``call(args)``
-runs the graph. ``call`` checks one flag, whether a torch profiler is running; if one is, it
-runs ``call_profiled`` instead, the same steps with the graph call, each kernel call (by
-kernel name) and each extern call (by op name) recorded as named profiler events. It imports torch and the host buffer pool (the runtime hands it the kernel
+runs the graph. It imports torch and the host buffer pool (the runtime hands it the kernel
 library), allocates outputs with eager's strides (large CPU buffers from the pool, chosen
 when the wrapper is generated), and hands a dead intermediate's memory to the next buffer
 of the same size and dtype.
+
+``call`` first checks one flag, whether a torch profiler is running; if one is, it runs
+``call_profiled`` instead: the same steps, with the graph call, each kernel call (by kernel
+name) and each extern call (by op name) recorded as profiler events (docs/modes.md).
 """
 from __future__ import annotations
 

@@ -80,7 +80,6 @@ class Recording:
             copy_in(args[i], self.inputs[i])
         return fresh_outputs(self.outputs, self.inputs, args)
 
-
     def _copy_in(self, args):
         for static, a in zip(self.inputs, args):
             if static is not a and isinstance(a, torch.Tensor):
@@ -132,7 +131,7 @@ def fresh_outputs(outputs, static_inputs, args) -> tuple:
     sharing a storage share the copy), and the caller's own tensors for outputs that are inputs."""
     by_storage = {}
     for i, s in enumerate(static_inputs):
-        if isinstance(s, torch.Tensor):
+        if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr():  # empty tensors share address 0
             by_storage.setdefault(s.untyped_storage().data_ptr(), i)
     copies = {}
     out = []

@@ -162,6 +162,29 @@ def test_max_autotune_times_variants_on_copies_and_caches_the_winner(tmp_path, m
         assert_close_like_eager(fn(x.clone(), y), bump_and_scale(x.clone(), y))
 
 
+class CountingLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+        self.lin = torch.nn.Linear(256, 256)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.lin(x) * 2
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_modes_leave_module_state_as_eager_leaves_it(mode, fresh_dynamo, tmp_path):
+    model, ref = CountingLinear(), CountingLinear()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(256, 256)  # large enough for threads: max-autotune has variants to time
+    with torch.no_grad(), patch(cache_dir=str(tmp_path)):
+        fn = torch.compile(model, backend="minicompile", mode=mode)
+        for _ in range(3):
+            assert_close_like_eager(fn(x), ref(x), atol=1e-4, rtol=1e-4)
+    assert model.calls.item() == ref.calls.item() == 3  # max-autotune's timing ran on copies
+
+
 def launcher_candidates(**meta):
     meta = dict(dict(xnumel=1 << 16, rnumel=None, persistent=False, written=["out"], args=["x", "out"]), **meta)
     return TritonKernelLauncher(None, "kernel0", meta, "key", interpret=False).candidates()

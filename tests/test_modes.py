@@ -310,7 +310,7 @@ def test_reduce_overhead_replays_and_matches_eager():
     c = cuda_backend(small_graph, x, y, mode="reduce-overhead")
     for _ in range(3):
         x, y = torch.randn_like(x), torch.randn_like(y)
-        assert_close_like_eager(c(x, y), small_graph(x, y))
+        assert_close_like_eager(c(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
     assert len(c.run.recordings) == 1 and c.run.failed is None
 
 
@@ -357,7 +357,7 @@ def test_mutated_inputs_are_written_back_to_the_callers_tensors():
     c = cuda_backend(bump_and_scale, x.clone(), y, mode="reduce-overhead")
     for _ in range(3):
         mine, ref = x.clone(), x.clone()
-        assert_close_like_eager(c(mine, y), bump_and_scale(ref, y))
+        assert_close_like_eager(c(mine, y), bump_and_scale(ref, y), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(mine, ref)
 
 

@@ -1,7 +1,9 @@
 """The entry point TorchDynamo calls: ``torch.compile(model, backend="minicompile")``.
 
 Registered through the ``torch_dynamo_backends`` entry point in pyproject.toml, so the name
-works after ``pip install`` without importing minicompile.
+works after ``pip install`` without importing minicompile. ``torch.compile(mode=...,
+options={...})`` reaches us as keyword arguments: they set knobs for this graph
+(config.graph_knobs; docs/modes.md): CUDA graphs, max-autotune, or any knob by name.
 """
 from __future__ import annotations
 
@@ -9,11 +11,25 @@ import logging
 
 import torch
 
-from minicompile.config import config
-from minicompile.pipeline import compile_graph
-from minicompile.runtime import CompilerNotFound
+from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
+from minicompile.pipeline import CompiledGraph, compile_graph
+from minicompile.runtime import CompilerNotFound, autotune, cache
+from minicompile.runtime.cudagraphs import CUDAGraphRunner
 
 log = logging.getLogger("minicompile")
+
+# max-autotune on CPU: the variants of a graph that are built and timed, as knob changes
+# relative to the graph's own knobs. Each changes the generated C++: which loops run on
+# OpenMP threads, and whether a value read by several consumers is recomputed in each
+# (fused) or computed once into a buffer.
+CPU_VARIANTS = {
+    "defaults": lambda c: {},
+    "threads for smaller loops": lambda c: {"parallel_threshold": max(1, c.parallel_threshold // 8)},
+    "one thread": lambda c: {"parallel_threshold": 1 << 62},
+    "shared values in buffers": lambda c: {"realize_reads_threshold": 1},
+}
+
+_logged_once: set = set()
 
 
 def needs_autograd(example_inputs) -> bool:
@@ -38,8 +54,9 @@ def has_symbolic_shapes(gm: torch.fx.GraphModule, example_inputs) -> bool:
 class PerShapeGraph:
     """Compiles a dynamic-shape graph once per concrete input signature (shapes are static inside)."""
 
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, knobs: dict | None = None):
         self.gm = gm
+        self.knobs = knobs or {}
         self.compiled = {}
 
     def __call__(self, *args):
@@ -47,27 +64,127 @@ class PerShapeGraph:
                     for a in args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = compile_or_fallback(self.gm, list(args))
+            with patch(**self.knobs):
+                fn = self.compiled[key] = compile_or_fallback(self.gm, list(args))
         return fn(*args)
 
 
-def minicompile_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Compile a captured FX graph; returns a callable taking the graph's inputs."""
+def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
+    """Compile a captured FX graph; returns a callable taking the graph's inputs.
+
+    ``mode`` and ``options`` are torch.compile's: a mode is a set of knobs (config.MODES), options
+    name knobs; both apply to this graph only. Unknown ones raise, listing the valid ones."""
+    knobs = graph_knobs(mode, options)
     if needs_autograd(example_inputs):
         # Training graphs (joint forward/backward) are not compiled yet: run the captured graph
         # eagerly so outputs and gradients are exactly eager's.
         log.warning("minicompile: graph needs gradients; running it eagerly (training is not compiled yet)")
         return gm.forward
     if has_symbolic_shapes(gm, example_inputs):
-        return PerShapeGraph(gm)
-    return compile_or_fallback(gm, list(example_inputs))
+        return with_call_time_knobs(PerShapeGraph(gm, knobs), knobs)
+    with patch(**knobs):
+        compiled = compile_or_fallback(gm, list(example_inputs))
+    return with_call_time_knobs(compiled, knobs)
+
+
+def with_call_time_knobs(fn, knobs: dict):
+    """Knobs the compiled code reads while it runs (config.CALL_TIME_KNOBS) are set around each call."""
+    at_call = {k: v for k, v in knobs.items() if k in CALL_TIME_KNOBS}
+    if not at_call:
+        return fn
+
+    def run_with_knobs(*args):
+        with patch(**at_call):
+            return fn(*args)
+    return run_with_knobs
+
+
+def compile_with_knobs(gm, example_inputs) -> CompiledGraph:
+    """compile_graph, plus what config.max_autotune and config.cudagraphs ask for."""
+    compiled = autotuned_on_cpu(gm, example_inputs) if config.max_autotune else compile_graph(gm, example_inputs)
+    if config.cudagraphs:
+        use_cudagraphs(compiled, example_inputs)
+    return compiled
+
+
+def autotuned_on_cpu(gm, example_inputs) -> CompiledGraph:
+    """Build the graph under each of CPU_VARIANTS, time them on copies of the example inputs, keep the
+    fastest; the choice is cached on disk by the graph's generated source. On a GPU, Triton's
+    autotuner does the widened search per kernel instead (runtime/triton_launch.py)."""
+    first = compile_graph(gm, example_inputs)
+    if first.backend != "cpp":
+        return first
+    variants = {name: make(config) for name, make in CPU_VARIANTS.items()}
+    key = cache.digest(first.kernel_source, first.wrapper_source, repr(variants))
+    choice = autotune.load_choice(key)
+    if choice in variants:
+        return first if not variants[choice] else _compile_variant(gm, example_inputs, variants[choice])
+    built, seen = {}, {}
+    for name, changes in variants.items():
+        c = _compile_variant(gm, example_inputs, changes) if changes else first
+        source = (c.kernel_source, c.wrapper_source)
+        if source not in seen:  # a knob this graph does not feel builds the same code: time it once
+            seen[source] = name
+            built[name] = c
+    if len(built) == 1:
+        choice, timings = next(iter(built)), {}
+    else:
+        choice, timings = autotune.fastest({n: c.run for n, c in built.items()},
+                                           list(example_inputs) + list(first.lifted))
+    autotune.save_choice(key, choice, timings)
+    log.info("minicompile: max-autotune picked %r for this graph (median seconds per call: %s)", choice, timings)
+    return built[choice]
+
+
+def _compile_variant(gm, example_inputs, changes: dict) -> CompiledGraph:
+    with patch(**changes):
+        return compile_graph(gm, example_inputs)
+
+
+def use_cudagraphs(compiled: CompiledGraph, example_inputs) -> None:
+    """Replay ``compiled``'s kernels from CUDA graphs when every tensor it takes is on a CUDA device."""
+    args = list(example_inputs) + list(compiled.lifted)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or not all(t.is_cuda for t in tensors):
+        log_once("minicompile: CUDA graphs (mode='reduce-overhead'/'max-autotune', option 'cudagraphs') apply "
+                 "only to graphs whose tensors are all on a CUDA device; they have no effect on CPU tensors.")
+        return
+    n = len(example_inputs)
+    static = {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
+    static |= set(range(n, len(args)))  # the graph's own attributes: the same tensors every call
+    compiled.run = CUDAGraphRunner(compiled.run, static, mutated_inputs(compiled.aten_graph))
+
+
+def mutated_inputs(aten_gm: torch.fx.GraphModule) -> set:
+    """Positions of the graph inputs an op writes into (schema arguments marked ``Tensor(a!)``)."""
+    placeholders = {n: i for i, n in enumerate(n for n in aten_gm.graph.nodes if n.op == "placeholder")}
+    out = set()
+    for node in aten_gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        bound = list(zip(schema.arguments, node.args))
+        bound += [(a, node.kwargs[a.name]) for a in schema.arguments if a.name in node.kwargs]
+        for arg, value in bound:
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(v, torch.fx.Node) and v in placeholders:
+                    out.add(placeholders[v])
+    return out
+
+
+def log_once(message: str) -> None:
+    if message not in _logged_once:
+        _logged_once.add(message)
+        log.warning(message)
 
 
 def compile_or_fallback(gm, example_inputs):
     """A missing compiler is the user's to fix (the error says how); a compiler bug must not cost the
     user their program: the graph runs eagerly and the warning says why."""
     try:
-        return compile_graph(gm, example_inputs)
+        return compile_with_knobs(gm, example_inputs)
     except CompilerNotFound:
         raise
     except Exception as e:

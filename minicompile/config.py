@@ -5,6 +5,10 @@ users change knobs for a block of code with ``config.patch``::
 
     with minicompile.config.patch(cpu_backend="triton"):
         ...
+
+``torch.compile(mode=..., options={...})`` sets knobs for one compiled graph: ``MODES`` says
+which knobs a mode sets, ``options`` names knobs (or Inductor's names for them,
+``OPTION_ALIASES``); ``graph_knobs`` checks both (docs/modes.md).
 """
 from __future__ import annotations
 
@@ -64,9 +68,69 @@ class Config:
     host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)
     # Triton on a GPU: time a few block sizes / num_warps per kernel and shape (cached on disk).
     triton_autotune: bool = _env("MINICOMPILE_TRITON_AUTOTUNE", True, bool)
+    # Search harder: Triton times more block sizes / num_warps; on CPU a few variants of the whole
+    # graph (parallel threshold, realization) are built and the fastest is kept (docs/modes.md).
+    max_autotune: bool = _env("MINICOMPILE_MAX_AUTOTUNE", False, bool)
+    # CUDA graphs: a graph on CUDA tensors is recorded once per input shape and replayed
+    # (runtime/cudagraphs.py). No effect on CPU tensors.
+    cudagraphs: bool = _env("MINICOMPILE_CUDAGRAPHS", False, bool)
 
 
 config = Config()
+
+
+# torch.compile(mode=...): the knobs each mode sets (as Inductor's modes do).
+MODES = {
+    None: {},
+    "default": {},
+    "reduce-overhead": {"cudagraphs": True},
+    "max-autotune": {"max_autotune": True, "triton_autotune": True, "cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "triton_autotune": True},
+}
+
+# torch.compile(options={...}): Inductor's names for the knobs we share, besides our own knob names.
+OPTION_ALIASES = {
+    "triton.cudagraphs": "cudagraphs",
+    "triton.autotune_pointwise": "triton_autotune",
+}
+
+# Knobs that make no sense for one graph: the capture front end's limit is per code object.
+PROCESS_KNOBS = ("recompile_limit",)
+
+# Knobs a compiled graph reads while it runs, not only while it is compiled: options setting
+# them are applied around each call of that graph (every other knob is read at compile time).
+CALL_TIME_KNOBS = ("host_pool_mb", "cache_dir")
+
+
+def option_names() -> list:
+    """Every key ``options`` accepts: our knob names and the Inductor aliases."""
+    knobs = [f.name for f in fields(Config) if f.name not in PROCESS_KNOBS]
+    return sorted(knobs + list(OPTION_ALIASES))
+
+
+def graph_knobs(mode=None, options=None) -> dict:
+    """The knob changes ``torch.compile(mode=..., options=...)`` asks for; bad input is a clear error."""
+    if mode not in MODES:
+        valid = ", ".join(repr(m) for m in MODES)
+        raise ValueError(f"minicompile: unknown mode {mode!r}; valid modes: {valid}")
+    changes = dict(MODES[mode])
+    known = option_names()
+    unknown = sorted(k for k in (options or {}) if k not in known)
+    if unknown:
+        raise ValueError(f"minicompile: unknown option(s) {unknown}; known options: {', '.join(known)} "
+                         f"(docs/modes.md says what each does)")
+    for key, value in (options or {}).items():
+        knob = OPTION_ALIASES.get(key, key)
+        changes[knob] = _checked(knob, key, value)
+    return changes
+
+
+def _checked(knob: str, key: str, value):
+    kind = type(getattr(Config, knob))
+    ok = isinstance(value, kind) or (kind is bool and value in (0, 1))
+    if not ok:
+        raise TypeError(f"minicompile: option {key!r} must be of type {kind.__name__}, got {value!r}")
+    return kind(value)
 
 
 @contextlib.contextmanager

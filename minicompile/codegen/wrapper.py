@@ -5,6 +5,10 @@ runs the graph. It imports torch and the host buffer pool (the runtime hands it 
 library), allocates outputs with eager's strides (large CPU buffers from the pool, chosen
 when the wrapper is generated), and hands a dead intermediate's memory to the next buffer
 of the same size and dtype.
+
+``call`` first checks one flag, whether a torch profiler is running; if one is, it runs
+``call_profiled`` instead: the same steps, with the graph call, each kernel call (by kernel
+name) and each extern call (by op name) recorded as profiler events (docs/modes.md).
 """
 from __future__ import annotations
 
@@ -59,14 +63,17 @@ class WrapperCode:
         return f"as_strided({name}, {tuple(v.size)}, {tuple(v.stride)}, {base})"
 
     def generate(self) -> str:
-        lw, L = self.lw, self.lines
+        lw = self.lw
         names = []
         for kind, payload in lw.placeholders:
             names.append(payload.name if kind == "tensor" else "_")
         last_use = self._last_uses()
         outputs = {o.buffer.name for o in lw.outputs if isinstance(o, StorageView)}
         pool: dict = {}
+        steps = []  # (profiler event name or None, the step's lines)
         for step_no, step in enumerate(self.schedule.steps):
+            L = []
+            steps.append((_event_name(step), L))
             if isinstance(step, FusedKernel):
                 for n in step.nodes:
                     if n.name not in step.local and n.name not in step.scratch and not n.mutates:
@@ -90,12 +97,15 @@ class WrapperCode:
                     continue
                 if isinstance(buf, ComputedBuffer):
                     pool.setdefault(_pool_key(buf), []).append(name)
+        self.lines = [ln for _, lines in steps for ln in lines]
         ret = ", ".join(self.value(o) for o in lw.outputs)
         head = [
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
             "import torch",
+            "import torch.autograd.profiler as autograd_profiler",
             "",
             "from minicompile.runtime.host_pool import take as pooled  # large CPU buffers nobody holds any more",
+            "from minicompile.runtime.profiling import graph_event_name, record_function",
             "",
             "empty_strided = torch.empty_strided",
             "as_strided = torch.as_strided",
@@ -112,12 +122,15 @@ class WrapperCode:
         ]
         head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
         head += [f"    {c} = constants[{c!r}]" for c in lw.constants]
-        head += ["", "    def call(args):"]
-        if names:
-            head.append(f"        {', '.join(names)}{',' if len(names) == 1 else ''} = args")
-        body = ["        " + ln for ln in L]
-        tail = [f"        return ({ret}{',' if len(lw.outputs) == 1 else ''})", "", "    return call", ""]
-        return "\n".join(head + body + tail)
+        head.append("    graph_event = graph_event_name()")
+        unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] if names else []
+        ret_line = f"return ({ret}{',' if len(lw.outputs) == 1 else ''})"
+        profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
+        plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",
+                 "    return call_profiled(args)"] + unpack + self.lines + [ret_line]
+        functions = ["", "    def call(args):", *_indent(plain, 2), "",
+                     "    def call_profiled(args):", *_indent(profiled, 2), "", "    return call", ""]
+        return "\n".join(head + functions)
 
     def _conform(self, b) -> str:
         lay = b.layout
@@ -151,6 +164,28 @@ class WrapperCode:
                 for r in buffer_reads(b):
                     last[r] = k
         return last
+
+
+def _event_name(step) -> str | None:
+    """A step's name in a profiler trace: the kernel's name, or the extern's op."""
+    if isinstance(step, FusedKernel):
+        return step.name
+    if isinstance(step.buffer, ExternKernel):
+        op = step.buffer.op
+        return str(op) if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", str(op))
+    return None
+
+
+def _with_events(steps) -> list:
+    """The steps' lines, each kernel and extern call inside a profiler event of its name."""
+    out = []
+    for event, lines in steps:
+        out += [f"with record_function({event!r}):", *_indent(lines)] if event and lines else lines
+    return out
+
+
+def _indent(lines, levels: int = 1) -> list:
+    return ["    " * levels + ln for ln in lines]
 
 
 def _owned(buf) -> bool:

@@ -9,7 +9,10 @@ the user set it. Kernels for CPU tensors are imported in interpreter mode (as if
 Autotuning (GPU only): each kernel times a few (XBLOCK, RBLOCK, num_warps) candidates on its
 first call, with copies of the buffers it writes so the real outputs are untouched; the
 winner is kept in memory and on disk, keyed by the kernel's source (which fixes its shapes)
-and the device name. In the interpreter timing means nothing: a fixed heuristic is used.
+and the device name. ``config.max_autotune`` (torch.compile's max-autotune modes) widens the
+search: each candidate also with half and twice its num_warps, and more block sizes. Both
+knobs are read when the graph is compiled. In the interpreter timing means nothing: a fixed
+heuristic is used.
 """
 from __future__ import annotations
 
@@ -95,6 +98,8 @@ class TritonKernelLauncher:
         self.arg_names = list(meta.get("args", []))
         self.key = cache.digest(source_key, name)
         self.interpret = interpret
+        self.autotune = config.triton_autotune
+        self.wide = config.max_autotune
         self.choice = None
 
     def __repr__(self):
@@ -103,6 +108,10 @@ class TritonKernelLauncher:
     # -- candidates -------------------------------------------------------------------------
     def candidates(self) -> list[dict]:
         """(XBLOCK, RBLOCK, num_warps) settings worth trying, the heuristic default first."""
+        base = self._usual_candidates()
+        return _widened(base, next_power_of_2(self.xnumel), self.rnumel is None) if self.wide else base
+
+    def _usual_candidates(self) -> list[dict]:
         xcap = next_power_of_2(self.xnumel)
         if self.rnumel is None:
             sizes = [b for b in (1024, 512, 256, 2048) if b <= max(xcap, 128)] or [128]
@@ -150,10 +159,11 @@ class TritonKernelLauncher:
         if self.interpret:
             return self._interpreter_choice()
         options = self.candidates()
-        if not config.triton_autotune or len(options) == 1:
+        if not self.autotune or len(options) == 1:
             return options[0]
         device = torch.cuda.get_device_name(args[0].device) if args and args[0].is_cuda else "device"
-        path = os.path.join(cache.entry_dir("triton-autotune", cache.digest(self.key, device)), "choice.json")
+        key = cache.digest(self.key, device, *(("wide search",) if self.wide else ()))
+        path = os.path.join(cache.entry_dir("triton-autotune", key), "choice.json")
         if cache.is_valid(path):
             with open(path) as f:
                 return json.load(f)
@@ -197,6 +207,25 @@ class TritonKernels:
 
 def load(source: str, kernel_args: dict, interpret: bool) -> TritonKernels:
     return TritonKernels(source, kernel_args, interpret)
+
+
+def _widened(base: list, xcap: int, pointwise: bool) -> list:
+    """The max-autotune search: every usual candidate with half and twice its warps, and for
+    pointwise kernels smaller and larger blocks too."""
+    out = list(base)
+
+    def add(c):
+        if c not in out:
+            out.append(c)
+    for c in base:
+        for warps in (c["num_warps"] // 2, c["num_warps"] * 2):
+            if 1 <= warps <= 16:
+                add(dict(c, num_warps=warps))
+    if pointwise:
+        for block in (64, 128, 4096, 8192):
+            if block <= max(xcap, 128):
+                add(dict(XBLOCK=block, num_warps=max(1, min(16, block // 256))))
+    return out
 
 
 def next_power_of_2(n: int) -> int:

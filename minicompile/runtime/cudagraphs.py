@@ -1,0 +1,157 @@
+"""CUDA graphs for compiled graphs (``torch.compile(mode="reduce-overhead")``).
+
+A compiled graph on CUDA tensors launches one kernel per fused group, and for small inputs
+the Python wrapper and the launches cost more than the kernels. ``CUDAGraphRunner`` wraps the
+wrapper's ``call(args)``: for each input signature (shapes, strides, dtypes, non-tensor
+arguments, and the addresses of static inputs) it
+
+1. copies the caller's tensors into static input buffers of the same layout,
+2. runs the graph once on a side stream (warm-up: Triton compiles and autotunes, cuBLAS
+   creates its workspace: neither can happen inside a capture),
+3. records one CUDA graph of a second run (its intermediates and outputs live in the
+   recording's private memory pool),
+
+and every call then copies the inputs in, replays, writes mutated inputs back to the
+caller's tensors and returns the outputs. A new shape records a new graph; a seen one is
+replayed.
+
+Static inputs (the graph's lifted attributes and ``nn.Parameter`` arguments that the graph
+does not mutate) are used in place, not copied: their addresses are part of the signature,
+so a replaced parameter records again.
+
+Outputs are fresh tensors, never views of the static pool: each replay writes into the same
+memory, so handing out the pool would silently change an output a caller kept from an
+earlier call. The copy costs one device-to-device copy per output (cheap next to what the
+graph saves); outputs that are views of one buffer stay views of one fresh copy. An output
+that is (a view of) an input is (a view of) the caller's tensor, as in eager.
+
+A graph that cannot be captured (a host synchronisation, a CPU tensor, an op CUDA graphs do
+not support) runs as usual from then on, with one warning.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+log = logging.getLogger("minicompile")
+
+
+class CUDAGraphRunner:
+    """``runner(args)`` is ``fn(args)``, replayed from a CUDA graph recorded per input signature."""
+
+    def __init__(self, fn: Callable, static_positions=(), mutated_positions=()):
+        self.fn = fn
+        self.mutated = tuple(sorted(mutated_positions))
+        self.static = frozenset(static_positions) - frozenset(self.mutated)
+        self.recordings: dict = {}
+        self.failed: str | None = None  # why capture failed; the graph then runs without CUDA graphs
+
+    def __call__(self, args):
+        if self.failed is not None:
+            return self.fn(args)
+        key = signature(args, self.static)
+        recording = self.recordings.get(key)
+        if recording is None:
+            try:
+                recording = self.recordings[key] = Recording(self.fn, args, self.static)
+            except Exception as e:  # noqa: BLE001 - the graph still runs, without CUDA graphs
+                self.failed = f"{type(e).__name__}: {e}"
+                log.warning("minicompile: recording a CUDA graph failed (%s); this graph runs without "
+                            "CUDA graphs", self.failed)
+                return self.fn(args)
+        return recording.replay(args, self.mutated)
+
+
+class Recording:
+    """One recorded CUDA graph: its static inputs, and the outputs its replays write."""
+
+    def __init__(self, fn: Callable, args, static: frozenset):
+        self.inputs = tuple(a if i in static or not isinstance(a, torch.Tensor) else static_copy(a)
+                            for i, a in enumerate(args))
+        self._copy_in(args)  # the warm-up sees real values: garbage indices would fault the device
+        self.graph, self.outputs = capture(fn, self.inputs)
+
+    def replay(self, args, mutated: tuple):
+        self._copy_in(args)
+        self.graph.replay()
+        for i in mutated:
+            copy_in(args[i], self.inputs[i])
+        return fresh_outputs(self.outputs, self.inputs, args)
+
+    def _copy_in(self, args):
+        for static, a in zip(self.inputs, args):
+            if static is not a and isinstance(a, torch.Tensor):
+                copy_in(static, a)
+
+
+def capture(fn: Callable, inputs) -> tuple:
+    """Warm ``fn`` up on a side stream, then record it: (the CUDA graph, the outputs its replays write)."""
+    device = next(a.device for a in inputs if isinstance(a, torch.Tensor))
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(inputs)
+    return graph, outputs
+
+
+def signature(args, static: frozenset) -> tuple:
+    """What a recording is specialised to: layouts, non-tensor values, static inputs' addresses."""
+    key = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.data_ptr() if i in static else None))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
+
+
+def static_copy(t: torch.Tensor) -> torch.Tensor:
+    """A buffer with ``t``'s sizes and strides (so the recorded kernels index it alike)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for tensors of one layout, also when a dimension is broadcast (stride 0,
+    which copy_ refuses to write): only the distinct elements are copied."""
+    for d, (n, st) in enumerate(zip(src.shape, src.stride())):
+        if st == 0 and n > 1:
+            dst, src = dst.narrow(d, 0, 1), src.narrow(d, 0, 1)
+    dst.copy_(src)
+
+
+def fresh_outputs(outputs, static_inputs, args) -> tuple:
+    """The replay's outputs as the caller may keep them: copies of the pool's storages (outputs
+    sharing a storage share the copy), and the caller's own tensors for outputs that are inputs."""
+    by_storage = {}
+    for i, s in enumerate(static_inputs):
+        if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr():  # empty tensors share address 0
+            by_storage.setdefault(s.untyped_storage().data_ptr(), i)
+    copies = {}
+    out = []
+    for o in outputs:
+        if not isinstance(o, torch.Tensor):
+            out.append(o)
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr in by_storage:
+            out.append(_as_caller_tensor(o, static_inputs[by_storage[ptr]], args[by_storage[ptr]]))
+            continue
+        if ptr not in copies:
+            copies[ptr] = o.untyped_storage().clone()
+        out.append(torch.empty(0, dtype=o.dtype, device=o.device).set_(copies[ptr], o.storage_offset(),
+                                                                        o.size(), o.stride()))
+    return tuple(out)
+
+
+def _as_caller_tensor(o, static, caller):
+    if o is static:
+        return caller
+    offset = caller.storage_offset() + o.storage_offset() - static.storage_offset()
+    return caller.as_strided(o.size(), o.stride(), offset)

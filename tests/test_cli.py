@@ -1,4 +1,4 @@
-"""The `minicompile` command, run as a subprocess the way users run it."""
+"""The `minicompile` command: as a subprocess the way users run it, and in-process through its entry point."""
 import json
 import os
 import subprocess
@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from minicompile.cli import main
 from minicompile.pipeline import _last_frame
 
 
@@ -87,6 +88,44 @@ def test_inspect_out_writes_artifacts_and_a_reproducer_that_matches_eager(inspec
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MATCH" in proc.stdout and "MISMATCH" not in proc.stdout
+
+
+MODEL_WITH_BREAK = textwrap.dedent("""
+    import torch
+
+    def model(x, w):
+        h = torch.softmax(x, dim=-1) * w
+        print("graph break")
+        return torch.cumsum(h, dim=1) + 1.0
+
+    example_inputs = (torch.randn(8, 32), torch.randn(32))
+""")
+
+
+@pytest.mark.parametrize("frontend", ["dynamo", "minicompile"])
+def test_inspect_prints_the_same_stages_for_both_front_ends(tmp_path, capsys, frontend):
+    # In-process through the CLI's entry point: the same report and printers serve both.
+    script = tmp_path / "model_with_break.py"
+    script.write_text(MODEL_WITH_BREAK)
+    assert main(["inspect", str(script), "--frontend", frontend, "--out", str(tmp_path / "out")]) == 0
+    stdout = capsys.readouterr().out
+    assert f"2 graph(s), 1 graph break(s)" in stdout and f"(front end: {frontend})" in stdout
+    assert "compiled output vs eager: max abs diff" in stdout
+    assert f"break 0: {script}:6 in model()" in stdout and "print" in stdout
+    assert "TENSOR_MATCH" in stdout and "float32[8, 32] stride (32, 1) cpu" in stdout
+    for i in (0, 1):
+        for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels", "host wrapper"):
+            assert f"graph {i}: {title}" in stdout, (i, title)
+    assert "extern cumsum (aten::cumsum): no lowering for aten::cumsum" in stdout
+    assert "model_with_break.py:7" in stdout   # the cumsum's source line, after the break
+    written = {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert {"breaks.txt", "guards.txt", "graph0/repro.py", "graph1/kernels.cpp", "graph1/repro.py"} <= written
+
+
+def test_inspect_unknown_front_end_exits_2(capsys):
+    assert main(["inspect", "x.py", "--frontend", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown front end 'bogus'" in err and "dynamo" in err and "minicompile" in err
 
 
 def test_inspect_module_callable_target_and_stage_selection(tmp_path):

@@ -56,10 +56,6 @@ class Entry:
     break_action: BreakAction | None = None
     extra: dict = field(default_factory=dict)
 
-    @property
-    def guard_exprs(self) -> list[str]:
-        return self.guards.exprs
-
 
 def trace_segment(cache, offset: int, L: tuple) -> Entry:
     forced: dict = {}

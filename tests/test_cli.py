@@ -1,6 +1,5 @@
 """The `minicompile` command: as a subprocess the way users run it, and in-process through its entry point."""
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -9,6 +8,7 @@ import pytest
 
 from minicompile.cli import main
 from minicompile.pipeline import _last_frame
+from tests.helpers import subprocess_env
 
 
 def test_source_lines_drop_caret_markers():
@@ -38,10 +38,9 @@ FACTORY_MODULE = textwrap.dedent("""
 """)
 
 
-def run_cli(*args, cwd=None, timeout=300):
-    env = dict(os.environ)
-    env.pop("MINICOMPILE_DEBUG", None)
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+def run_cli(*args, cwd=None, timeout=300, **env):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, env=subprocess_env(**env),
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +84,7 @@ def test_inspect_out_writes_artifacts_and_a_reproducer_that_matches_eager(inspec
             "graph0/fusion.txt", "graph0/kernels.cpp", "graph0/wrapper.py", "graph0/repro.py"} <= names
     assert "no lowering for aten::cumsum" in (out / "graph0" / "fusion.txt").read_text()
     proc = subprocess.run([sys.executable, str(out / "graph0" / "repro.py")], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MATCH" in proc.stdout and "MISMATCH" not in proc.stdout
 
@@ -172,10 +171,9 @@ def test_cache_info_and_clear(tmp_path):
     env_dir = tmp_path / "cache"
     (env_dir / "cpp" / "ab").mkdir(parents=True)
     (env_dir / "cpp" / "ab" / "entry.so").write_bytes(b"x" * 10)
-    env = dict(os.environ, MINICOMPILE_CACHE_DIR=str(env_dir))
-    info = subprocess.run(CLI + ["cache", "info"], capture_output=True, text=True, env=env)
+    info = run_cli("cache", "info", MINICOMPILE_CACHE_DIR=str(env_dir))
     assert info.returncode == 0 and str(env_dir) in info.stdout and "files: 1" in info.stdout
-    clear = subprocess.run(CLI + ["cache", "clear"], capture_output=True, text=True, env=env)
+    clear = run_cli("cache", "clear", MINICOMPILE_CACHE_DIR=str(env_dir))
     assert clear.returncode == 0 and "removed 1 file(s)" in clear.stdout
     assert not (env_dir / "cpp").exists()
 
@@ -211,8 +209,8 @@ def test_debug_ladder_prints_the_same_stages(tmp_path):
     script.write_text("import torch\n"
                       "f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend='minicompile')\n"
                       "with torch.no_grad():\n    f(torch.randn(4, 8))\n")
-    env = dict(os.environ, MINICOMPILE_DEBUG="4")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=subprocess_env(MINICOMPILE_DEBUG="4"), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "[minicompile] graph: 1 kernel(s)" in proc.stdout
     for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels"):

@@ -60,6 +60,11 @@ def capture_minicompile(model, example_inputs: tuple) -> CaptureReport:
         eager_output = model(*example_inputs)
         report = capture_explain(model, backend=backend)(*example_inputs)
     report.frontend, report.eager_output = "minicompile", eager_output
+    # A function that fell back to torch.fx.symbolic_trace was still compiled: show that graph too.
+    captured = {rec.graph for rec in report.graphs}
+    fx_fallbacks = [f for f in report.fallbacks if f.kind == "fx"]
+    for gm, fallback in zip([gm for gm in backend.order if gm not in captured], fx_fallbacks):
+        report.graphs.append(GraphRecord(fallback.code_name, 0, gm, _ops(gm)))
     for rec in report.graphs:
         backend.fill(rec)
     return report
@@ -85,14 +90,17 @@ def capture_dynamo(model, example_inputs: tuple) -> CaptureReport:
         explained = torch._dynamo.explain(model)(*example_inputs)
     torch._dynamo.reset()
     for gm in backend.order:
-        ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-        report.graphs.append(GraphRecord(names[gm], 0, gm, ops))
+        report.graphs.append(GraphRecord(names[gm], 0, gm, _ops(gm)))
         backend.fill(report.graphs[-1])
     report.breaks = [_break_record(b) for b in explained.break_reasons]
     frame_locals = _frame_locals(model, example_inputs)
     guards = [_guard_record(g, frame_locals) for g in explained.out_guards]
     report.entries = [EntryRecord(names[backend.order[0]] if backend.order else "", 0, guards, "")]
     return report
+
+
+def _ops(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
 
 def _first_lines(reason: str, n: int = 2) -> str:

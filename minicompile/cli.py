@@ -1,6 +1,6 @@
 """The ``minicompile`` command: a thin dispatcher; the work lives in minicompile/tools/.
 
-    minicompile inspect TARGET [--stages ...] [--out DIR]
+    minicompile inspect TARGET [--stages ...] [--out DIR] [--frontend dynamo|minicompile]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile cache info | clear
 
@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated stages to print: breaks, guards, graph, aten, fusion, kernels, "
                           "wrapper (default: all)")
     ins.add_argument("--out", metavar="DIR", help="also write every artifact, and a reproducer per graph, to DIR")
-    ins.add_argument("--frontend", default="dynamo", help="capture front end (default: dynamo)")
+    ins.add_argument("--frontend", default="dynamo", metavar="NAME",
+                     help="who captures the graphs: dynamo (torch.compile, the default) or minicompile "
+                          "(minicompile.compile, minicompile's own bytecode tracer)")
 
     bench = sub.add_parser("bench", help="time eager vs minicompile vs Inductor on standard workloads")
     bench.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions (< 3 min on 2 cores)")

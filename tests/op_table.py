@@ -6,7 +6,7 @@ the same table.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -21,6 +21,7 @@ class Sample:
     inputs: Callable           # () -> tuple of inputs
     atol: float = 1e-5
     rtol: float = 1e-5
+    kwargs: dict = field(default_factory=dict)   # passed to fn after the inputs
 
 
 def _g(*shape, dtype=torch.float32, low=None):

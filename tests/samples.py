@@ -1,23 +1,21 @@
-"""One table of op samples that drives the decomposition tests.
+"""The op samples that drive the decomposition tests, as the op table's Samples.
 
-Each sample names an ATen overload and the arguments to call it with; tests run the
-decomposition directly and through trace_inference, and compare both with eager.
+Each sample's ``fn`` is an ATen overload, called with its inputs (tensors and the overload's
+other arguments) and ``kwargs``; tests run the decomposition directly and through
+trace_inference, and compare both with eager. The inputs are made once per ``samples(dtype)``
+call, so the decomposition and eager see the same values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
+
+from tests.op_table import Sample
 
 aten = torch.ops.aten
 
 
-@dataclass
-class Sample:
-    name: str
-    op: torch._ops.OpOverload
-    args: tuple
-    kwargs: dict = field(default_factory=dict)
+def sample(name: str, op: torch._ops.OpOverload, args: tuple, kwargs: dict | None = None) -> Sample:
+    return Sample(name, op, lambda: args, kwargs=kwargs or {})
 
 
 def tensor(*shape, dtype=torch.float32, noncontig=False, low=None, high=None):
@@ -33,109 +31,109 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     bf = dtype != torch.float32
     out = [
         # linalg
-        Sample("addmm", aten.addmm.default, (T(5), T(3, 4), T(4, 5, noncontig=True))),
-        Sample("mm_weight", aten.mm.default, (T(3, 4), T(5, 4).t())),
-        Sample("addmm_beta_alpha", aten.addmm.default, (T(3, 5), T(3, 4), T(4, 5)), dict(beta=0.5, alpha=2.0)),
-        Sample("addmm_beta0_nan", aten.addmm.default, (torch.full((3, 5), float("nan"), dtype=dtype), T(3, 4), T(4, 5)), dict(beta=0)),
-        Sample("baddbmm", aten.baddbmm.default, (T(2, 3, 5), T(2, 3, 4), T(2, 4, 5)), dict(beta=0.5, alpha=1.5)),
-        Sample("addmv", aten.addmv.default, (T(3), T(3, 4), T(4)), dict(beta=2, alpha=0.5)),
-        Sample("mv", aten.mv.default, (T(3, 4, noncontig=True), T(4))),
-        Sample("dot", aten.dot.default, (T(7), T(7))),
-        Sample("matmul_3d_2d", aten.matmul.default, (T(2, 3, 4), T(4, 5))),
-        Sample("matmul_bcast", aten.matmul.default, (T(2, 1, 3, 4), T(5, 4, 2))),
-        Sample("matmul_bcast_noncontig", aten.matmul.default, (T(3, 4, noncontig=True), T(2, 4, 5, noncontig=True))),
-        Sample("matmul_1d_3d", aten.matmul.default, (T(4), T(2, 4, 3))),
-        Sample("matmul_3d_1d", aten.matmul.default, (T(2, 3, 4), T(4))),
-        Sample("matmul_1d_2d", aten.matmul.default, (T(4), T(4, 3))),
-        Sample("linear", aten.linear.default, (T(2, 1, 4), T(6, 4), T(6))),
-        Sample("linear_nobias_noncontig", aten.linear.default, (T(3, 4, noncontig=True), T(6, 4))),
+        sample("addmm", aten.addmm.default, (T(5), T(3, 4), T(4, 5, noncontig=True))),
+        sample("mm_weight", aten.mm.default, (T(3, 4), T(5, 4).t())),
+        sample("addmm_beta_alpha", aten.addmm.default, (T(3, 5), T(3, 4), T(4, 5)), dict(beta=0.5, alpha=2.0)),
+        sample("addmm_beta0_nan", aten.addmm.default, (torch.full((3, 5), float("nan"), dtype=dtype), T(3, 4), T(4, 5)), dict(beta=0)),
+        sample("baddbmm", aten.baddbmm.default, (T(2, 3, 5), T(2, 3, 4), T(2, 4, 5)), dict(beta=0.5, alpha=1.5)),
+        sample("addmv", aten.addmv.default, (T(3), T(3, 4), T(4)), dict(beta=2, alpha=0.5)),
+        sample("mv", aten.mv.default, (T(3, 4, noncontig=True), T(4))),
+        sample("dot", aten.dot.default, (T(7), T(7))),
+        sample("matmul_3d_2d", aten.matmul.default, (T(2, 3, 4), T(4, 5))),
+        sample("matmul_bcast", aten.matmul.default, (T(2, 1, 3, 4), T(5, 4, 2))),
+        sample("matmul_bcast_noncontig", aten.matmul.default, (T(3, 4, noncontig=True), T(2, 4, 5, noncontig=True))),
+        sample("matmul_1d_3d", aten.matmul.default, (T(4), T(2, 4, 3))),
+        sample("matmul_3d_1d", aten.matmul.default, (T(2, 3, 4), T(4))),
+        sample("matmul_1d_2d", aten.matmul.default, (T(4), T(4, 3))),
+        sample("linear", aten.linear.default, (T(2, 1, 4), T(6, 4), T(6))),
+        sample("linear_nobias_noncontig", aten.linear.default, (T(3, 4, noncontig=True), T(6, 4))),
         # norms
-        Sample("native_layer_norm", aten.native_layer_norm.default, (T(2, 1, 8), [8], T(8), T(8), 1e-5)),
-        Sample("native_layer_norm_2d_noaffine", aten.native_layer_norm.default, (T(3, 4, 5, noncontig=True), [4, 5], None, None, 1e-6)),
-        Sample("rms_norm", aten.rms_norm.default, (T(2, 3, 8), [8], T(8))),
-        Sample("rms_norm_eps_noweight", aten.rms_norm.default, (T(3, 1, 8, noncontig=True), [1, 8]), dict(eps=1e-3)),
-        Sample("fused_rms_norm", aten._fused_rms_norm.default, (T(2, 8), [8], T(8), None)),
-        Sample("bn_no_training", aten._native_batch_norm_legit_no_training.default,
+        sample("native_layer_norm", aten.native_layer_norm.default, (T(2, 1, 8), [8], T(8), T(8), 1e-5)),
+        sample("native_layer_norm_2d_noaffine", aten.native_layer_norm.default, (T(3, 4, 5, noncontig=True), [4, 5], None, None, 1e-6)),
+        sample("rms_norm", aten.rms_norm.default, (T(2, 3, 8), [8], T(8))),
+        sample("rms_norm_eps_noweight", aten.rms_norm.default, (T(3, 1, 8, noncontig=True), [1, 8]), dict(eps=1e-3)),
+        sample("fused_rms_norm", aten._fused_rms_norm.default, (T(2, 8), [8], T(8), None)),
+        sample("bn_no_training", aten._native_batch_norm_legit_no_training.default,
                (T(2, 3, 4, 1), T(3), T(3), T(3), T(3, low=0.5, high=1.5), 0.1, 1e-5)),
-        Sample("native_batch_norm_eval", aten.native_batch_norm.default,
+        sample("native_batch_norm_eval", aten.native_batch_norm.default,
                (T(2, 3, 5, noncontig=True), None, T(3), T(3), T(3, low=0.5, high=1.5), False, 0.1, 1e-5)),
-        Sample("bn_legit_functional_eval", aten._native_batch_norm_legit_functional.default,
+        sample("bn_legit_functional_eval", aten._native_batch_norm_legit_functional.default,
                (T(4, 3, 2), T(3), T(3), T(3), T(3, low=0.5, high=1.5), False, 0.1, 1e-5)),
-        Sample("bn_legit_eval", aten._native_batch_norm_legit.default,
+        sample("bn_legit_eval", aten._native_batch_norm_legit.default,
                (T(4, 3), T(3), None, T(3), T(3, low=0.5, high=1.5), False, 0.1, 1e-5)),
         # activations
-        Sample("gelu", aten.gelu.default, (T(3, 1, 5),)),
-        Sample("gelu_tanh", aten.gelu.default, (T(3, 5, noncontig=True),), dict(approximate="tanh")),
-        Sample("silu", aten.silu.default, (T(4, 5),)),
-        Sample("mish", aten.mish.default, (T(4, 5) * 10,)),
-        Sample("softplus", aten.softplus.default, (T(4, 5) * 10, 2.0, 5.0)),
-        Sample("elu", aten.elu.default, (T(4, 5), 0.7, 1.2, 0.9)),
-        Sample("hardswish", aten.hardswish.default, (T(4, 5) * 4,)),
-        Sample("hardsigmoid", aten.hardsigmoid.default, (T(4, 5) * 4,)),
-        Sample("hardtanh", aten.hardtanh.default, (T(4, 5) * 2, -0.5, 1.5)),
-        Sample("leaky_relu", aten.leaky_relu.default, (T(4, 1, 5), 0.2)),
-        Sample("softmax", aten._softmax.default, (T(3, 1, 7), -1, False)),
-        Sample("softmax_dim0_noncontig", aten._softmax.default, (T(4, 6, noncontig=True), 0, False)),
-        Sample("log_softmax", aten._log_softmax.default, (T(3, 7), 1, False)),
-        Sample("safe_softmax_masked_row", aten._safe_softmax.default,
+        sample("gelu", aten.gelu.default, (T(3, 1, 5),)),
+        sample("gelu_tanh", aten.gelu.default, (T(3, 5, noncontig=True),), dict(approximate="tanh")),
+        sample("silu", aten.silu.default, (T(4, 5),)),
+        sample("mish", aten.mish.default, (T(4, 5) * 10,)),
+        sample("softplus", aten.softplus.default, (T(4, 5) * 10, 2.0, 5.0)),
+        sample("elu", aten.elu.default, (T(4, 5), 0.7, 1.2, 0.9)),
+        sample("hardswish", aten.hardswish.default, (T(4, 5) * 4,)),
+        sample("hardsigmoid", aten.hardsigmoid.default, (T(4, 5) * 4,)),
+        sample("hardtanh", aten.hardtanh.default, (T(4, 5) * 2, -0.5, 1.5)),
+        sample("leaky_relu", aten.leaky_relu.default, (T(4, 1, 5), 0.2)),
+        sample("softmax", aten._softmax.default, (T(3, 1, 7), -1, False)),
+        sample("softmax_dim0_noncontig", aten._softmax.default, (T(4, 6, noncontig=True), 0, False)),
+        sample("log_softmax", aten._log_softmax.default, (T(3, 7), 1, False)),
+        sample("safe_softmax_masked_row", aten._safe_softmax.default,
                (torch.tensor([[float("-inf")] * 3, [0.0, 1.0, float("-inf")]], dtype=dtype), -1)),
         # dropout (eval)
-        Sample("dropout_eval", aten.dropout.default, (T(3, 4), 0.5, False)),
-        Sample("native_dropout_eval", aten.native_dropout.default, (T(3, 4), 0.5, False)),
+        sample("dropout_eval", aten.dropout.default, (T(3, 4), 0.5, False)),
+        sample("native_dropout_eval", aten.native_dropout.default, (T(3, 4), 0.5, False)),
         # reductions
-        Sample("mean_all", aten.mean.default, (T(3, 1, 4, noncontig=True),)),
-        Sample("std_correction", aten.std.correction, (T(3, 5), [1]), dict(correction=1, keepdim=True)),
-        Sample("std_all_corr0", aten.std.correction, (T(3, 5),), dict(correction=0)),
-        Sample("std_mean", aten.std_mean.correction, (T(3, 5), [0]), dict(correction=1)),
-        Sample("logsumexp", aten.logsumexp.default, (T(3, 5), [1], False)),
-        Sample("logsumexp_inf", aten.logsumexp.default, (torch.tensor([[float("-inf")] * 2, [1.0, float("inf")]], dtype=dtype), [1], True)),
+        sample("mean_all", aten.mean.default, (T(3, 1, 4, noncontig=True),)),
+        sample("std_correction", aten.std.correction, (T(3, 5), [1]), dict(correction=1, keepdim=True)),
+        sample("std_all_corr0", aten.std.correction, (T(3, 5),), dict(correction=0)),
+        sample("std_mean", aten.std_mean.correction, (T(3, 5), [0]), dict(correction=1)),
+        sample("logsumexp", aten.logsumexp.default, (T(3, 5), [1], False)),
+        sample("logsumexp_inf", aten.logsumexp.default, (torch.tensor([[float("-inf")] * 2, [1.0, float("inf")]], dtype=dtype), [1], True)),
         # losses
-        Sample("mse_mean", aten.mse_loss.default, (T(3, 4), T(3, 4), 1)),
-        Sample("mse_none", aten.mse_loss.default, (T(3, 4), T(3, 4), 0)),
-        Sample("mse_sum", aten.mse_loss.default, (T(3, 4), T(3, 4), 2)),
-        Sample("nll_mean_ignore", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, -100, 4, 0]), None, 1, -100)),
-        Sample("nll_weight_sum", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 4, 0]), torch.rand(5).to(dtype), 2, -100)),
-        Sample("nll_weight_mean_ignore", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 3, 0]), torch.rand(5).to(dtype), 1, 2)),
-        Sample("nll_none", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 4, -100]), None, 0, -100)),
-        Sample("nll_unbatched", aten.nll_loss_forward.default, (T(5), torch.tensor(3), None, 1, -100)),
-        Sample("nll2d", aten.nll_loss2d_forward.default, (T(2, 5, 3, 1), torch.randint(0, 5, (2, 3, 1)), None, 1, -100)),
+        sample("mse_mean", aten.mse_loss.default, (T(3, 4), T(3, 4), 1)),
+        sample("mse_none", aten.mse_loss.default, (T(3, 4), T(3, 4), 0)),
+        sample("mse_sum", aten.mse_loss.default, (T(3, 4), T(3, 4), 2)),
+        sample("nll_mean_ignore", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, -100, 4, 0]), None, 1, -100)),
+        sample("nll_weight_sum", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 4, 0]), torch.rand(5).to(dtype), 2, -100)),
+        sample("nll_weight_mean_ignore", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 3, 0]), torch.rand(5).to(dtype), 1, 2)),
+        sample("nll_none", aten.nll_loss_forward.default, (T(4, 5), torch.tensor([1, 2, 4, -100]), None, 0, -100)),
+        sample("nll_unbatched", aten.nll_loss_forward.default, (T(5), torch.tensor(3), None, 1, -100)),
+        sample("nll2d", aten.nll_loss2d_forward.default, (T(2, 5, 3, 1), torch.randint(0, 5, (2, 3, 1)), None, 1, -100)),
         # indexing
-        Sample("embedding", aten.embedding.default, (T(10, 4), torch.tensor([[1, 2], [9, 0]]))),
+        sample("embedding", aten.embedding.default, (T(10, 4), torch.tensor([[1, 2], [9, 0]]))),
         # pointwise
-        Sample("addcmul", aten.addcmul.default, (T(3, 4), T(3, 1), T(4)), dict(value=0.5)),
-        Sample("addcdiv", aten.addcdiv.default, (T(3, 4), T(3, 4), T(4, 3, noncontig=True).t() + 3), dict(value=2)),
-        Sample("masked_fill_scalar", aten.masked_fill.Scalar, (T(3, 4), torch.rand(4) > 0.5, -7.0)),
-        Sample("masked_fill_tensor", aten.masked_fill.Tensor, (T(3, 4, noncontig=True), torch.rand(3, 4) > 0.5, torch.tensor(2.5))),
-        Sample("lerp_scalar_small", aten.lerp.Scalar, (T(3, 4), T(3, 4), 0.3)),
-        Sample("lerp_scalar_large", aten.lerp.Scalar, (T(3, 4), T(3, 4), 0.8)),
-        Sample("lerp_tensor", aten.lerp.Tensor, (T(3, 4), T(3, 4), T(4, low=-0.5, high=1.5))),
-        Sample("rsub_scalar", aten.rsub.Scalar, (T(3, 4), 1.0)),
-        Sample("rsub_scalar_alpha", aten.rsub.Scalar, (T(3, 4), 2.0, 3)),
-        Sample("rsub_tensor", aten.rsub.Tensor, (T(3, 4), T(4)), dict(alpha=2)),
-        Sample("pow_2", aten.pow.Tensor_Scalar, (T(3, 4, noncontig=True), 2)),
-        Sample("pow_half", aten.pow.Tensor_Scalar, (T(3, 4, low=0.1, high=3.0), 0.5)),
-        Sample("pow_3_core", aten.pow.Tensor_Scalar, (T(3, 4), 3)),
+        sample("addcmul", aten.addcmul.default, (T(3, 4), T(3, 1), T(4)), dict(value=0.5)),
+        sample("addcdiv", aten.addcdiv.default, (T(3, 4), T(3, 4), T(4, 3, noncontig=True).t() + 3), dict(value=2)),
+        sample("masked_fill_scalar", aten.masked_fill.Scalar, (T(3, 4), torch.rand(4) > 0.5, -7.0)),
+        sample("masked_fill_tensor", aten.masked_fill.Tensor, (T(3, 4, noncontig=True), torch.rand(3, 4) > 0.5, torch.tensor(2.5))),
+        sample("lerp_scalar_small", aten.lerp.Scalar, (T(3, 4), T(3, 4), 0.3)),
+        sample("lerp_scalar_large", aten.lerp.Scalar, (T(3, 4), T(3, 4), 0.8)),
+        sample("lerp_tensor", aten.lerp.Tensor, (T(3, 4), T(3, 4), T(4, low=-0.5, high=1.5))),
+        sample("rsub_scalar", aten.rsub.Scalar, (T(3, 4), 1.0)),
+        sample("rsub_scalar_alpha", aten.rsub.Scalar, (T(3, 4), 2.0, 3)),
+        sample("rsub_tensor", aten.rsub.Tensor, (T(3, 4), T(4)), dict(alpha=2)),
+        sample("pow_2", aten.pow.Tensor_Scalar, (T(3, 4, noncontig=True), 2)),
+        sample("pow_half", aten.pow.Tensor_Scalar, (T(3, 4, low=0.1, high=3.0), 0.5)),
+        sample("pow_3_core", aten.pow.Tensor_Scalar, (T(3, 4), 3)),
         # attention
-        Sample("sdpa", aten.scaled_dot_product_attention.default, (T(2, 3, 5, 8), T(2, 3, 6, 8), T(2, 3, 6, 4))),
-        Sample("sdpa_causal_scale", aten.scaled_dot_product_attention.default, (T(1, 2, 5, 8), T(1, 2, 7, 8), T(1, 2, 7, 8)),
+        sample("sdpa", aten.scaled_dot_product_attention.default, (T(2, 3, 5, 8), T(2, 3, 6, 8), T(2, 3, 6, 4))),
+        sample("sdpa_causal_scale", aten.scaled_dot_product_attention.default, (T(1, 2, 5, 8), T(1, 2, 7, 8), T(1, 2, 7, 8)),
                dict(is_causal=True, scale=0.3)),
-        Sample("sdpa_bool_mask", aten.scaled_dot_product_attention.default,
+        sample("sdpa_bool_mask", aten.scaled_dot_product_attention.default,
                (T(2, 2, 4, 8), T(2, 2, 4, 8), T(2, 2, 4, 8), torch.tensor([[1, 0, 1, 1]] * 3 + [[0, 0, 0, 0]], dtype=torch.bool))),
-        Sample("sdpa_float_mask", aten.scaled_dot_product_attention.default, (T(2, 2, 4, 8), T(2, 2, 4, 8), T(2, 2, 4, 8), T(1, 1, 4, 4))),
-        Sample("sdpa_gqa", aten.scaled_dot_product_attention.default, (T(1, 4, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8)), dict(enable_gqa=True)),
-        Sample("sdpa_3d_noncontig", aten.scaled_dot_product_attention.default,
+        sample("sdpa_float_mask", aten.scaled_dot_product_attention.default, (T(2, 2, 4, 8), T(2, 2, 4, 8), T(2, 2, 4, 8), T(1, 1, 4, 4))),
+        sample("sdpa_gqa", aten.scaled_dot_product_attention.default, (T(1, 4, 3, 8), T(1, 2, 3, 8), T(1, 2, 3, 8)), dict(enable_gqa=True)),
+        sample("sdpa_3d_noncontig", aten.scaled_dot_product_attention.default,
                (T(3, 4, 8, noncontig=True), T(3, 5, 8), T(3, 5, 8))),
-        Sample("flash_cpu", aten._scaled_dot_product_flash_attention_for_cpu.default, (T(1, 2, 5, 8), T(1, 2, 5, 8), T(1, 2, 5, 8)),
+        sample("flash_cpu", aten._scaled_dot_product_flash_attention_for_cpu.default, (T(1, 2, 5, 8), T(1, 2, 5, 8), T(1, 2, 5, 8)),
                dict(is_causal=True)),
     ]
     if not bf:
         out += [
-            Sample("addmm_int", aten.addmm.default, (torch.randint(-5, 5, (3, 5)), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 5)))),
-            Sample("pow_2_int", aten.pow.Tensor_Scalar, (torch.randint(-5, 5, (3, 4)), 2)),
-            Sample("pow_2_float_exp_on_int", aten.pow.Tensor_Scalar, (torch.randint(-5, 5, (3, 4)), 2.0)),
-            Sample("masked_fill_int", aten.masked_fill.Scalar, (torch.randint(-5, 5, (3, 4)), torch.rand(3, 4) > 0.5, 3)),
-            Sample("rsub_int", aten.rsub.Scalar, (torch.randint(-5, 5, (3, 4)), 1)),
-            Sample("native_layer_norm_3d_stats", aten.native_layer_norm.default, (T(2, 3, 4), [3, 4], None, T(3, 4), 1e-5)),
-            Sample("logsumexp_int", aten.logsumexp.default, (torch.randint(-3, 3, (3, 4)), [0], False)),
+            sample("addmm_int", aten.addmm.default, (torch.randint(-5, 5, (3, 5)), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 5)))),
+            sample("pow_2_int", aten.pow.Tensor_Scalar, (torch.randint(-5, 5, (3, 4)), 2)),
+            sample("pow_2_float_exp_on_int", aten.pow.Tensor_Scalar, (torch.randint(-5, 5, (3, 4)), 2.0)),
+            sample("masked_fill_int", aten.masked_fill.Scalar, (torch.randint(-5, 5, (3, 4)), torch.rand(3, 4) > 0.5, 3)),
+            sample("rsub_int", aten.rsub.Scalar, (torch.randint(-5, 5, (3, 4)), 1)),
+            sample("native_layer_norm_3d_stats", aten.native_layer_norm.default, (T(2, 3, 4), [3, 4], None, T(3, 4), 1e-5)),
+            sample("logsumexp_int", aten.logsumexp.default, (torch.randint(-3, 3, (3, 4)), [0], False)),
         ]
     return out

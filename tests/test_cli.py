@@ -1,13 +1,14 @@
-"""The `minicompile` command, run as a subprocess the way users run it."""
+"""The `minicompile` command: as a subprocess the way users run it, and in-process through its entry point."""
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from minicompile.cli import main
 from minicompile.pipeline import _last_frame
+from tests.helpers import subprocess_env
 
 
 def test_source_lines_drop_caret_markers():
@@ -37,10 +38,9 @@ FACTORY_MODULE = textwrap.dedent("""
 """)
 
 
-def run_cli(*args, cwd=None, timeout=300):
-    env = dict(os.environ)
-    env.pop("MINICOMPILE_DEBUG", None)
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+def run_cli(*args, cwd=None, timeout=300, **env):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, env=subprocess_env(**env),
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,58 @@ def test_inspect_out_writes_artifacts_and_a_reproducer_that_matches_eager(inspec
             "graph0/fusion.txt", "graph0/kernels.cpp", "graph0/wrapper.py", "graph0/repro.py"} <= names
     assert "no lowering for aten::cumsum" in (out / "graph0" / "fusion.txt").read_text()
     proc = subprocess.run([sys.executable, str(out / "graph0" / "repro.py")], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MATCH" in proc.stdout and "MISMATCH" not in proc.stdout
+
+
+MODEL_WITH_BREAK = textwrap.dedent("""
+    import torch
+
+    def model(x, w):
+        h = torch.softmax(x, dim=-1) * w
+        print("graph break")
+        return torch.cumsum(h, dim=1) + 1.0
+
+    example_inputs = (torch.randn(8, 32), torch.randn(32))
+""")
+
+
+@pytest.mark.parametrize("frontend", ["dynamo", "minicompile"])
+def test_inspect_prints_the_same_stages_for_both_front_ends(tmp_path, capsys, frontend):
+    # In-process through the CLI's entry point: the same report and printers serve both.
+    script = tmp_path / "model_with_break.py"
+    script.write_text(MODEL_WITH_BREAK)
+    assert main(["inspect", str(script), "--frontend", frontend, "--out", str(tmp_path / "out")]) == 0
+    stdout = capsys.readouterr().out
+    assert f"2 graph(s), 1 graph break(s)" in stdout and f"(front end: {frontend})" in stdout
+    assert "compiled output vs eager: max abs diff" in stdout
+    assert f"break 0: {script}:6 in model()" in stdout and "print" in stdout
+    assert "TENSOR_MATCH" in stdout and "float32[8, 32] stride (32, 1) cpu" in stdout
+    for i in (0, 1):
+        for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels", "host wrapper"):
+            assert f"graph {i}: {title}" in stdout, (i, title)
+    assert "extern cumsum (aten::cumsum): no lowering for aten::cumsum" in stdout
+    assert "model_with_break.py:7" in stdout   # the cumsum's source line, after the break
+    written = {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    assert {"breaks.txt", "guards.txt", "graph0/repro.py", "graph1/kernels.cpp", "graph1/repro.py"} <= written
+
+
+def test_inspect_minicompile_front_end_shows_a_fallback_and_its_graph(tmp_path, capsys):
+    script = tmp_path / "model_with_try.py"
+    script.write_text("import torch\n\ndef model(x):\n    try:\n        y = x.sin()\n    except RuntimeError:\n"
+                      "        y = x\n    return y * 2\n\nexample_inputs = (torch.randn(4, 8),)\n")
+    assert main(["inspect", str(script), "--frontend", "minicompile", "--stages", "breaks,fusion"]) == 0
+    stdout = capsys.readouterr().out
+    assert "1 graph(s), 0 graph break(s)" in stdout and "fallback to fx for model(): try/except" in stdout
+    assert f"fallback to fx: {script}:3 in model()" in stdout
+    assert "graph 0: fusion groups" in stdout and "1 kernel(s)" in stdout
+
+
+def test_inspect_unknown_front_end_exits_2(capsys):
+    assert main(["inspect", "x.py", "--frontend", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown front end 'bogus'" in err and "dynamo" in err and "minicompile" in err
 
 
 def test_inspect_module_callable_target_and_stage_selection(tmp_path):
@@ -133,10 +182,9 @@ def test_cache_info_and_clear(tmp_path):
     env_dir = tmp_path / "cache"
     (env_dir / "cpp" / "ab").mkdir(parents=True)
     (env_dir / "cpp" / "ab" / "entry.so").write_bytes(b"x" * 10)
-    env = dict(os.environ, MINICOMPILE_CACHE_DIR=str(env_dir))
-    info = subprocess.run(CLI + ["cache", "info"], capture_output=True, text=True, env=env)
+    info = run_cli("cache", "info", MINICOMPILE_CACHE_DIR=str(env_dir))
     assert info.returncode == 0 and str(env_dir) in info.stdout and "files: 1" in info.stdout
-    clear = subprocess.run(CLI + ["cache", "clear"], capture_output=True, text=True, env=env)
+    clear = run_cli("cache", "clear", MINICOMPILE_CACHE_DIR=str(env_dir))
     assert clear.returncode == 0 and "removed 1 file(s)" in clear.stdout
     assert not (env_dir / "cpp").exists()
 
@@ -172,8 +220,8 @@ def test_debug_ladder_prints_the_same_stages(tmp_path):
     script.write_text("import torch\n"
                       "f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend='minicompile')\n"
                       "with torch.no_grad():\n    f(torch.randn(4, 8))\n")
-    env = dict(os.environ, MINICOMPILE_DEBUG="4")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=subprocess_env(MINICOMPILE_DEBUG="4"), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "[minicompile] graph: 1 kernel(s)" in proc.stdout
     for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels"):

@@ -6,12 +6,17 @@ import torch
 
 from minicompile.aot import trace_inference
 from minicompile.decomp import CORE_OPS, DECOMPOSITIONS, EXTERN_COMPUTE_OPS, register_decomposition
-from tests.samples import Sample, samples
+from minicompile.testing.compare import same_tolerance
+from tests.helpers import assert_matches_eager
+from tests.op_table import Sample
+from tests.samples import samples
 
 aten = torch.ops.aten
 
 DTYPES = [torch.float32, torch.bfloat16]
-TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+# Per output dtype: 16-bit floats get a bf16 ulp or two, every other float 1e-5. Values only:
+# layouts are the compiler's job after tracing (tests/test_pipeline.py checks eager's strides).
+TOLERANCES = {**same_tolerance(1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-2, 2e-2)}
 
 
 def _cases():
@@ -22,58 +27,40 @@ def _cases():
 CASES = _cases()
 
 
-def assert_same(actual, expected, dtype):
-    if isinstance(expected, (tuple, list)):
-        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            assert_same(a, e, dtype)
-        return
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    if expected.numel() == 0:
-        return
-    tol = TOLERANCE[torch.bfloat16 if expected.dtype in (torch.bfloat16, torch.float16) else torch.float32]
-    torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
-
-
-def _eager(sample):
-    out = sample.op(*sample.args, **sample.kwargs)
-    if sample.op is aten.nll_loss_forward.default and sample.args[3] == 0:
-        # total_weight is unspecified without reduction; compare the loss only.
-        return out[0]
-    return out
-
-
 def _comparable(sample, out):
-    if sample.op is aten.nll_loss_forward.default and sample.args[3] == 0:
-        return out[0]
-    if sample.op is aten._scaled_dot_product_flash_attention_for_cpu.default:
+    if sample.fn is aten.nll_loss_forward.default and sample.inputs()[3] == 0:
+        return out[0]  # total_weight is unspecified without reduction; compare the loss only
+    if sample.fn is aten._scaled_dot_product_flash_attention_for_cpu.default:
         return out[0]  # logsumexp: only shape and dtype are checked (below)
     return out
 
 
+def _call(fn, sample: Sample):
+    return fn(*sample.inputs(), **sample.kwargs)
+
+
 @pytest.mark.parametrize("sample,dtype", CASES)
 def test_decomposition_matches_eager(sample: Sample, dtype):
-    decomp = DECOMPOSITIONS[sample.op]
-    out = decomp(*sample.args, **sample.kwargs)
+    out = _call(DECOMPOSITIONS[sample.fn], sample)
     if out is NotImplemented:
         return  # the op stays as it is (e.g. pow with a general exponent): nothing to compare
-    expected = sample.op(*sample.args, **sample.kwargs)
+    expected = _call(sample.fn, sample)
     if isinstance(expected, tuple):
         for a, e in zip(out, expected):
             assert (a.dtype, a.shape) == (e.dtype, e.shape)
-    assert_same(_comparable(sample, out), _comparable(sample, expected), dtype)
+    assert_matches_eager(_comparable(sample, out), _comparable(sample, expected), tolerances=TOLERANCES,
+                         strides=False)
 
 
 def _as_graph_module(sample: Sample):
     """An FX graph calling the op on the sample's tensors (the non-tensor args are baked in)."""
-    flat, spec = torch.utils._pytree.tree_flatten((sample.args, sample.kwargs))
+    flat, spec = torch.utils._pytree.tree_flatten((sample.inputs(), sample.kwargs))
     tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
     graph = torch.fx.Graph()
     placeholders = {i: graph.placeholder(f"t{i}") for i in tensor_pos}
     values = [placeholders.get(i, a) for i, a in enumerate(flat)]
     args, kwargs = torch.utils._pytree.tree_unflatten(values, spec)
-    graph.output(graph.call_function(sample.op, tuple(args), kwargs))
+    graph.output(graph.call_function(sample.fn, tuple(args), kwargs))
     return torch.fx.GraphModule(torch.nn.Module(), graph), [flat[i] for i in tensor_pos]
 
 
@@ -81,15 +68,16 @@ def _as_graph_module(sample: Sample):
 def test_traced_graph_matches_eager(sample: Sample, dtype):
     gm, inputs = _as_graph_module(sample)
     traced = trace_inference(gm, inputs)
-    assert_same(_comparable(sample, traced(*inputs)), _comparable(sample, sample.op(*sample.args, **sample.kwargs)), dtype)
-    if DECOMPOSITIONS[sample.op](*sample.args, **sample.kwargs) is not NotImplemented:
+    assert_matches_eager(_comparable(sample, traced(*inputs)), _comparable(sample, _call(sample.fn, sample)),
+                         tolerances=TOLERANCES, strides=False)
+    if _call(DECOMPOSITIONS[sample.fn], sample) is not NotImplemented:
         leftover = [n.target for n in traced.graph.nodes if n.op == "call_function"
                     and n.target not in CORE_OPS and n.target not in EXTERN_COMPUTE_OPS]
         assert not leftover, f"{sample.name}: non-core ops left after tracing: {leftover}\n{traced.code}"
 
 
 def test_every_decomposition_has_a_sample():
-    covered = {s.op for s in samples(torch.float32)}
+    covered = {s.fn for s in samples(torch.float32)}
     assert set(DECOMPOSITIONS) <= covered, f"no sample for {set(DECOMPOSITIONS) - covered}"
 
 

@@ -5,12 +5,15 @@ import sys
 
 import pytest
 
+from tests.helpers import subprocess_env
+
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
 @pytest.mark.parametrize("script", ["mlp.py", "layernorm_softmax.py", "transformer_block.py"])
 def test_example_matches_eager(script):
-    proc = subprocess.run([sys.executable, script], cwd=EXAMPLES, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, script], cwd=EXAMPLES, capture_output=True, text=True, timeout=600,
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "check vs eager: OK" in proc.stdout
     assert "extern" in proc.stdout or "kernel" in proc.stdout

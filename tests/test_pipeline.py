@@ -9,39 +9,15 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
-from tests.conftest import assert_close_like_eager
-from minicompile.backend import minicompile_backend
-from minicompile.codegen import BACKENDS
 from minicompile.config import patch
-from minicompile.pipeline import compile_graph
 from minicompile.runtime import CompilerNotFound, CppCompileError
+from tests.helpers import assert_matches_eager, check, compile_fn, compile_with_dynamo, subprocess_env
 
-
-def compile_fn(fn, *inputs):
-    gm = torch.fx.symbolic_trace(fn)
-    return compile_graph(gm, list(inputs))
-
-
-def check(fn, *inputs, atol=1e-5, rtol=1e-5):
-    compiled = compile_fn(fn, *inputs)
-    assert_close_like_eager(compiled(*inputs), fn(*inputs), atol, rtol)
-    return compiled
-
-
-# -- kernel counts, on both code generators ---------------------------------------------------
-
-@pytest.fixture(params=["cpp", pytest.param("triton", marks=pytest.mark.skipif(
-    "triton" not in BACKENDS, reason="triton is not installed"))])
-def backend(request):
-    """The code generator under test; Triton runs CPU tensors in its interpreter."""
-    with patch(cpu_backend=request.param):
-        yield request.param
+# -- kernel counts, on both code generators (the `backend` fixture) ----------------------------
 
 
 def counted(backend, fn, *inputs, **tol):
-    c = check(fn, *inputs, **tol)
-    assert c.backend == backend
-    return c
+    return check(fn, *inputs, backend=backend, **tol)
 
 
 def test_pointwise_chain_is_one_kernel(backend):
@@ -98,24 +74,11 @@ def block_inputs(B=2, T=16, C=32):
     return (r(B, T, C), 1 + r(C), r(C), r(C, 3 * C), r(C, C), 1 + r(C), r(C), r(C, 4 * C), r(4 * C, C))
 
 
-def compile_with_dynamo(fn, *inputs):
-    """Run ``fn`` through torch.compile; return its output and the CompiledGraphs made."""
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
-    torch._dynamo.reset()
-    with torch.no_grad():
-        out = torch.compile(fn, backend=record)(*inputs)
-    return out, graphs
-
-
 def test_transformer_block_kernels(backend):
     # the Triton interpreter runs one numpy step per program: a smaller block there
     inputs = block_inputs() if backend == "cpp" else block_inputs(B=1, T=8, C=16)
     out, graphs = compile_with_dynamo(transformer_block, *inputs)
-    assert_close_like_eager(out, transformer_block(*inputs), 1e-4, 1e-4)
+    assert_matches_eager(out, transformer_block(*inputs), 1e-4, 1e-4)
     assert len(graphs) == 1 and graphs[0].backend == backend
     c = graphs[0]
     eager_ops = len([n for n in c.aten_graph.graph.nodes if n.op == "call_function"])
@@ -206,7 +169,8 @@ def test_backend_registered_without_import():
         assert "minicompile" in sys.modules  # loaded by the entry point, not by us
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 

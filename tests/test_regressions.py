@@ -1,25 +1,18 @@
 """Regression tests for miscompilations and crashes found by the OpInfo sweep and the fuzzer.
 
 Each test names what broke; ``check`` compiles through the real pipeline and compares with
-eager exactly as the sweep does.
+eager exactly as the sweep does (make_fx over fake tensors, compare's per-dtype tolerances).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from minicompile.pipeline import compile_graph
-from minicompile.testing.compare import copy_preserving_strides, mismatch
+from minicompile.testing.compare import TOLERANCES
+from tests import helpers
 
-
-def check(fn, *inputs):
-    gm = make_fx(fn, tracing_mode="fake")(*inputs)
-    compiled = compile_graph(gm, list(inputs))
-    expected = fn(*[copy_preserving_strides(x) for x in inputs])
-    actual = compiled(*[copy_preserving_strides(x) for x in inputs])
-    diff = mismatch(expected, actual)
-    assert diff is None, diff
-    return compiled
+check = functools.partial(helpers.check, trace="fake", tolerances=TOLERANCES)
 
 
 def test_reductions_over_empty_tensors():

@@ -93,22 +93,21 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path, damage):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path):
-    _unwritable_case(tmp_path, make_readonly=True)
+def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path, monkeypatch):
+    _unwritable_case(tmp_path, monkeypatch, make_readonly=True)
 
 
-def test_cache_dir_that_cannot_exist_falls_back_with_one_warning(tmp_path):
+def test_cache_dir_that_cannot_exist_falls_back_with_one_warning(tmp_path, monkeypatch):
     # a path under a regular file cannot be created, even by root
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    _unwritable_case(blocker / "cache", make_readonly=False)
+    _unwritable_case(blocker / "cache", monkeypatch, make_readonly=False)
 
 
-def _unwritable_case(path, make_readonly):
+def _unwritable_case(path, monkeypatch, make_readonly):
     if make_readonly:
         os.chmod(path, 0o500)
-    saved = cache._fallback_dir
-    cache._fallback_dir = None
+    monkeypatch.setattr(cache, "root", cache.CacheRoot())   # one that has not fallen back yet
     try:
         x, y = torch.randn(2, 7), torch.randn(2, 7)
         with config_patch(cache_dir=str(path)), warnings.catch_warnings(record=True) as caught:
@@ -118,11 +117,10 @@ def _unwritable_case(path, make_readonly):
         ours = [w for w in caught if "cache directory" in str(w.message)]
         assert len(ours) == 1, [str(w.message) for w in caught]
         assert "MINICOMPILE_CACHE_DIR" in str(ours[0].message)
-        assert cache._fallback_dir and os.path.isdir(cache._fallback_dir)
+        assert cache.root.fallback and os.path.isdir(cache.root.fallback)
         torch.testing.assert_close(c1(x, y)[0], _fn(x, y)[0])
         torch.testing.assert_close(c2(x, y)[1], _fn(x + 1, y)[1])
     finally:
-        cache._fallback_dir = saved
         if make_readonly:
             os.chmod(path, 0o700)
     assert config.cache_dir != str(path)

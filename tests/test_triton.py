@@ -1,9 +1,12 @@
-"""The Triton code generator: the shared op table and the kernel-count tests on the Triton path.
+"""The Triton code generator beyond the shared op table (tests/test_ops_table.py runs that on both
+code generators, and the kernel counts are in tests/test_pipeline.py): looped reductions, views,
+edge cases, the generated source, launching.
 
 Without a GPU every kernel runs in the Triton interpreter on CPU tensors
 (``config.cpu_backend = "triton"``); tests marked ``gpu`` run real kernels on CUDA and are
 skipped without one. Shapes stay small: the interpreter runs one numpy step per program.
 """
+import functools
 import json
 import os
 
@@ -11,17 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minicompile.backend import minicompile_backend
 from minicompile.codegen import BACKENDS
 from minicompile.config import patch
-from minicompile.pipeline import compile_graph
-from minicompile.runtime import cache
 from minicompile.runtime.triton_launch import TritonKernelLauncher
-from tests.conftest import assert_close_like_eager
+from tests import helpers
+from tests.helpers import compile_fn, run_sample
 from tests.op_table import SAMPLES
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+check = functools.partial(helpers.check, backend="triton")
 
 
 @pytest.fixture(autouse=True)
@@ -30,40 +32,7 @@ def triton_on_cpu():
         yield
 
 
-def compile_fn(fn, *inputs):
-    c = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
-    assert c.backend == "triton"
-    return c
-
-
-def check(fn, *inputs, atol=1e-5, rtol=1e-5):
-    c = compile_fn(fn, *inputs)
-    assert_close_like_eager(c(*inputs), fn(*inputs), atol, rtol)
-    return c
-
-
-def run_sample(sample, device="cpu"):
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
-    torch._dynamo.reset()
-    compiled = torch.compile(sample.fn, backend=record)
-    move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
-    with torch.no_grad():
-        ref = sample.fn(*move(sample.inputs()))
-        out = compiled(*move(sample.inputs()))
-    assert_close_like_eager(out, ref, sample.atol, sample.rtol)
-    assert all(getattr(g, "backend", "triton") == "triton" for g in graphs)
-
-
-# -- the shared correctness table -------------------------------------------------------------
-
-@pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
-def test_matches_eager_triton_interpreter(sample):
-    run_sample(sample)
-
+# -- the shared correctness table (in the interpreter: tests/test_ops_table.py) ---------------
 
 LOOPED = ["sum_last", "sum_all", "var_std", "amax_amin", "argmax_argmin", "argmax_flat", "prod", "any_all",
           "bf16_sum", "softmax", "softmax_dim0", "log_softmax", "layer_norm", "sum_int", "sum_then_pointwise"]
@@ -74,14 +43,14 @@ def test_looped_reductions_match_eager(name):
     """Rows longer than the persistent limit loop over RBLOCK-sized chunks with running accumulators."""
     sample = next(s for s in SAMPLES if s.name == name)
     with patch(triton_persistent_rnumel=4):
-        run_sample(sample)
+        run_sample(sample, backend="triton")
 
 
 @gpu
 @pytest.mark.parametrize("sample", SAMPLES, ids=[s.name for s in SAMPLES])
 def test_matches_eager_triton_gpu(sample):
     with patch(cpu_backend="cpp"):
-        run_sample(sample, device="cuda")
+        run_sample(sample, backend="triton", device="cuda")
 
 
 # (the kernel-count tests run on both code generators in tests/test_pipeline.py)

@@ -14,8 +14,8 @@ from torch import nn
 
 from minicompile.capture import semantics
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (SymBoundMethod, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, Unsupported, contains_symbolic)
+from minicompile.capture.variables import (GraphBreak, SymBoundMethod, SymFunction, SymIter, TensorMethod,
+                                           TensorVar, contains_symbolic)
 
 BUILTINS: dict = {}
 
@@ -30,7 +30,7 @@ def builtin(*fns):
 
 def _constant_args(name: str, args, kwargs) -> None:
     if contains_symbolic((list(args), kwargs)):
-        raise Unsupported(f"{name}() on tensors or traced objects needs their values")
+        raise GraphBreak(f"{name}() on tensors or traced objects needs their values")
 
 
 # Pure functions of constants: computed now, the result is a constant.
@@ -51,7 +51,7 @@ for _fn in (builtins.round, builtins.divmod, builtins.pow, builtins.chr, builtin
 def _make_number(fn):
     def handler(tracer: Tracer, args, kwargs):
         if args and isinstance(args[0], TensorVar):
-            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's value (graph break)")
+            raise GraphBreak(f"{fn.__name__}(tensor) needs the tensor's value (graph break)")
         if fn is builtins.bool and args:
             return semantics.truth(tracer, args[0])
         _constant_args(fn.__name__, args, kwargs)
@@ -68,17 +68,17 @@ def _len(tracer: Tracer, args, kwargs):
     (v,) = args
     if isinstance(v, TensorVar):
         if v.fake.dim() == 0:
-            raise Unsupported("len() of a 0-d tensor")
+            raise GraphBreak("len() of a 0-d tensor")
         return v.fake.shape[0]
     if isinstance(v, SymIter):
-        raise Unsupported("len() of an iterator")
+        raise GraphBreak("len() of an iterator")
     if isinstance(v, (nn.ModuleList, nn.Sequential, nn.ModuleDict)):
         return len(v._modules)
     if isinstance(v, (nn.ParameterList, nn.ParameterDict)):
         return len(v._parameters)
     if semantics.is_plain(v):
         return len(v)
-    raise Unsupported(f"len() of a {type(v).__name__}")
+    raise GraphBreak(f"len() of a {type(v).__name__}")
 
 
 @builtin(builtins.range)
@@ -99,7 +99,7 @@ def _zip(tracer: Tracer, args, kwargs):
     if kwargs.get("strict"):
         lists = [semantics.iterate(tracer, a) for a in args]
         if len({len(x) for x in lists}) > 1:
-            raise Unsupported("zip(strict=True) with unequal lengths")
+            raise GraphBreak("zip(strict=True) with unequal lengths")
     return SymIter(list(zip(*[semantics.iterate(tracer, a) for a in args])))
 
 
@@ -111,7 +111,7 @@ def _reversed(tracer: Tracer, args, kwargs):
 @builtin(builtins.iter)
 def _iter(tracer: Tracer, args, kwargs):
     if len(args) != 1:
-        raise Unsupported("iter(callable, sentinel)")
+        raise GraphBreak("iter(callable, sentinel)")
     if isinstance(args[0], SymIter):
         return args[0]
     return SymIter(semantics.iterate(tracer, args[0]))
@@ -121,11 +121,11 @@ def _iter(tracer: Tracer, args, kwargs):
 def _next(tracer: Tracer, args, kwargs):
     it = args[0]
     if not isinstance(it, SymIter):
-        raise Unsupported(f"next() on a {type(it).__name__}")
+        raise GraphBreak(f"next() on a {type(it).__name__}")
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
-        raise Unsupported("StopIteration from next()")
+        raise GraphBreak("StopIteration from next()")
     return it.next()
 
 
@@ -161,7 +161,7 @@ def _sorted(tracer: Tracer, args, kwargs):
     try:  # tuples with constant keys first sort fine; reaching a tensor raises TypeError
         return sorted(items, **kwargs)
     except TypeError:
-        raise Unsupported("sorted() would compare tensors") from None
+        raise GraphBreak("sorted() would compare tensors") from None
 
 
 @builtin(builtins.isinstance)
@@ -191,7 +191,7 @@ def _type_of(v) -> type:
 @builtin(builtins.type)
 def _type(tracer: Tracer, args, kwargs):
     if len(args) != 1:
-        raise Unsupported("type() with 3 arguments (class creation)")
+        raise GraphBreak("type() with 3 arguments (class creation)")
     return _type_of(args[0])
 
 
@@ -211,7 +211,7 @@ def _getattr(tracer: Tracer, args, kwargs):
     if len(args) == 3:
         try:
             return semantics.getattr_(tracer, obj, name)
-        except Unsupported as e:
+        except GraphBreak as e:
             if "AttributeError" in e.reason:
                 return args[2]
             raise
@@ -223,7 +223,7 @@ def _hasattr(tracer: Tracer, args, kwargs):
     obj, name = args
     try:
         semantics.getattr_(tracer, obj, name)
-    except Unsupported as e:
+    except GraphBreak as e:
         if "AttributeError" in e.reason:
             return False
         raise
@@ -249,7 +249,7 @@ def _minmax(fn):
     def handler(tracer: Tracer, args, kwargs):
         items = semantics.iterate(tracer, args[0]) if len(args) == 1 else list(args)
         if any(isinstance(v, TensorVar) for v in items):
-            raise Unsupported(f"{fn.__name__}() comparing tensors needs their values")
+            raise GraphBreak(f"{fn.__name__}() comparing tensors needs their values")
         _constant_args(fn.__name__, items, kwargs)
         return fn(items, **kwargs)
     return handler

@@ -19,9 +19,8 @@ from minicompile.capture.interpreter import run_frame
 from minicompile.capture import semantics
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (GradModeCtx, GradModeExit, SymBoundMethod, SymFunction,
-                                           TensorMethod, TensorVar, Unsupported,
-                                           contains_symbolic)
+from minicompile.capture.variables import (GradModeCtx, GradModeExit, GraphBreak, SymBoundMethod, SymFunction,
+                                           TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
 
@@ -63,7 +62,7 @@ def _torch_special():
 
 def _grad_ctx(enabled: bool, args, kwargs) -> GradModeCtx:
     if args or kwargs:
-        raise Unsupported("grad-mode context manager with arguments")
+        raise GraphBreak("grad-mode context manager with arguments")
     return GradModeCtx(enabled)
 
 
@@ -82,7 +81,7 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         tracer.set_grad(fn.restore)
         return None
     if isinstance(fn, TensorVar):
-        raise Unsupported("calling a tensor")
+        raise GraphBreak("calling a tensor")
     if getattr(fn, "capture_cache", None) is not None:  # another compiled function: trace its body
         return call(tracer, fn.__wrapped__, args, kwargs)
     if type(fn).__dict__.get("is_capture_wrapper"):    # a CompiledModule: inline its module
@@ -96,7 +95,7 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if isinstance(fn, nn.Module):
         return call_module(tracer, fn, args, kwargs)
     if getattr(fn, "__module__", "") == "torch.utils._contextlib":
-        raise Unsupported(f"call to {describe(fn)} (a function decorated with a torch context manager)")
+        raise GraphBreak(f"call to {describe(fn)} (a function decorated with a torch context manager)")
     if is_torch_callable(fn):
         return tracer.call_graph("call_function", fn, tuple(args), kwargs,
                                  allow_constant_result=fn in _TORCH_META_FUNCS)
@@ -112,7 +111,7 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
     if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):
         return fn(*args, **kwargs)
-    raise Unsupported(f"call to {describe(fn)} is not supported by the tracer")
+    raise GraphBreak(f"call to {describe(fn)} is not supported by the tracer")
 
 
 def _lookup(table: dict, fn):
@@ -144,7 +143,7 @@ def is_torch_callable(fn) -> bool:
 def call_tensor_method(tracer: Tracer, m: TensorMethod, args, kwargs):
     name = m.name
     if name in _DATA_METHODS:
-        raise Unsupported(f"Tensor.{name}() needs the tensor's data (graph break)")
+        raise GraphBreak(f"Tensor.{name}() needs the tensor's data (graph break)")
     return tracer.call_graph("call_method", name, (m.tensor, *args), kwargs,
                              allow_constant_result=name in _META_METHODS)
 
@@ -158,9 +157,9 @@ def _has_hooks(m: nn.Module) -> bool:
 
 def call_module(tracer: Tracer, m: nn.Module, args, kwargs):
     if _has_hooks(m):
-        raise Unsupported(f"module {type(m).__name__} has hooks (they are not traced)")
+        raise GraphBreak(f"module {type(m).__name__} has hooks (they are not traced)")
     if type(m).__call__ is not nn.Module.__call__:
-        raise Unsupported(f"module {type(m).__name__} overrides __call__")
+        raise GraphBreak(f"module {type(m).__name__} overrides __call__")
     forward = m.__dict__.get("forward")
     if forward is None:
         forward = type(m).forward
@@ -172,7 +171,7 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
     """Run a Python function's bytecode in a child frame of the same trace."""
     depth = tracer.frames[-1].depth + 1 if tracer.frames else 1
     if depth > MAX_INLINE_DEPTH:
-        raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} (recursion?)")
+        raise GraphBreak(f"call depth over {MAX_INLINE_DEPTH} (recursion?)")
     if isinstance(fn, SymFunction):
         code, globals_, name = fn.code, fn.globals, fn.name
         defaults, kwdefaults, closure = fn.defaults, fn.kwdefaults, fn.closure
@@ -185,11 +184,11 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
             kwdefaults = tracer.wrap(kwdefaults, f"{src}.__kwdefaults__") if kwdefaults else kwdefaults
     reason = prescan(code)
     if reason:
-        raise Unsupported(f"{reason} in {name}()")
+        raise GraphBreak(f"{reason} in {name}()")
     try:
         bound = bind_arguments(code, defaults, kwdefaults, args, kwargs)
     except TypeError as e:
-        raise Unsupported(f"TypeError calling {name}(): {e}") from None
+        raise GraphBreak(f"TypeError calling {name}(): {e}") from None
     cells = dict(zip(code.co_freevars, closure))
     frame = Frame(tracer, code, globals_, bound, cells, depth)
     return run_frame(frame)
@@ -198,9 +197,9 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
 def _container_method(fn, args, kwargs):
     owner = fn.__self__
     if fn.__name__ not in _CONTAINER_METHODS[type(owner)]:
-        raise Unsupported(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
+        raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
     if any(isinstance(a, TensorVar) for a in args) and fn.__name__ in ("index", "count", "remove"):
-        raise Unsupported(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
+        raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
     result = fn(*args, **kwargs)
     if type(result).__name__ in ("dict_keys", "dict_values", "dict_items"):
         return list(result)
@@ -210,7 +209,7 @@ def _container_method(fn, args, kwargs):
 def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
     if any(isinstance(a, TensorVar) for a in args):
         if fn in _MATH_FUNCS:
-            raise Unsupported(f"math.{fn.__name__} on a tensor needs its value")
+            raise GraphBreak(f"math.{fn.__name__} on a tensor needs its value")
         return tracer.call_graph("call_function", fn, tuple(args), kwargs)
     if all(is_plain(a) or isinstance(a, nn.Module) for a in args) and not contains_symbolic((args, kwargs)):
         return fn(*args, **kwargs)
@@ -220,7 +219,7 @@ def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
         if fn is operator.setitem:
             return semantics.store_subscr(tracer, *args)
         return semantics.contains(tracer, args[1], args[0])
-    raise Unsupported(f"{describe(fn)} on symbolic values")
+    raise GraphBreak(f"{describe(fn)} on symbolic values")
 
 
 __all__ = ["call", "inline", "call_module", "describe"]

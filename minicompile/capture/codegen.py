@@ -15,10 +15,9 @@ import torch
 
 from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, ResumeIter,
-                                           SymBoundMethod,
-                                           SymCell, SymFunction, SymIter, TensorMethod, TensorVar,
-                                           Unsupported, contains_symbolic)
+from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter,
+                                           SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                           TensorVar, contains_symbolic)
 
 
 def _mkcell():
@@ -116,7 +115,7 @@ class Reifier:
         if isinstance(v, GradModeExit):
             return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
         if isinstance(v, torch.Tensor):
-            raise Unsupported("a real tensor without a source reached the output")
+            raise GraphBreak("a real tensor without a source reached the output")
         src = self.tracer.source_of(v)
         if src is not None and not src.startswith("_"):
             return src

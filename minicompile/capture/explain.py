@@ -1,7 +1,9 @@
-"""CaptureReport: what capture did — graphs, graph breaks, fallbacks, recompiles, guards.
+"""CaptureReport: what a capture front end did — graphs, graph breaks, fallbacks, recompiles, guards.
 
 Every compiled callable carries one (``fn.capture_report``), accumulated over its calls;
-``explain(fn)(*args)`` returns a fresh one for a single call. It prints readably.
+``explain(fn)(*args)`` returns a fresh one for a single call. It prints readably. The
+``minicompile inspect`` command fills the same report from either front end (ours or
+TorchDynamo) and adds, per graph, what the backend compiled and the inputs it saw.
 """
 from __future__ import annotations
 
@@ -12,17 +14,34 @@ import torch.fx
 
 @dataclass
 class GraphRecord:
-    code_name: str
-    offset: int
+    code_name: str        # the function the graph was captured from
+    offset: int           # bytecode offset the graph starts at (0: the call; more: after a break)
     graph: torch.fx.GraphModule
     ops: int
+    # Filled by ``minicompile inspect``, which keeps them for printing and reproducers; the
+    # report of a compiled callable leaves them empty so it holds no user tensors alive.
+    example_inputs: list = field(default_factory=list)
+    compiled: object = None   # what the backend made of the graph (a CompiledGraph under minicompile)
+    note: str = ""            # why there is no compiled graph (e.g. it runs eagerly)
 
 
 @dataclass
 class BreakRecord:
     code_name: str
     reason: str
-    where: str            # the user's file:line
+    where: str            # the user's file:line ("" when the front end does not know it)
+
+
+@dataclass
+class GuardRecord:
+    """One guarded value: ``kind`` uses TorchDynamo's names (TENSOR_MATCH, CONSTANT_MATCH, ...)
+    so both front ends print, and filter, their guards alike."""
+    kind: str
+    what: str             # the guarded value, e.g. L[0] (ours) or L['x'] (Dynamo)
+    check: str            # what is checked, readably
+
+    def __str__(self):
+        return f"{self.kind:<28} {self.what:<40} {self.check}".rstrip()
 
 
 @dataclass
@@ -45,18 +64,20 @@ class RecompileRecord:
 class EntryRecord:
     code_name: str
     offset: int
-    guards: list
-    check_source: str
+    guards: list          # GuardRecord
+    check_source: str     # the generated check function ("" for TorchDynamo)
 
 
 @dataclass
 class CaptureReport:
+    frontend: str = "minicompile"
     graphs: list = field(default_factory=list)
     breaks: list = field(default_factory=list)
     fallbacks: list = field(default_factory=list)
     recompiles: list = field(default_factory=list)
     entries: list = field(default_factory=list)
-    output: object = None     # explain(): the value the call returned
+    output: object = None         # explain(): the value the call returned
+    eager_output: object = None   # inspect: what the model returned when run eagerly
 
     # ------------------------------------------------------------------ counts
     @property
@@ -76,10 +97,15 @@ class CaptureReport:
         """Cache entries created (first compiles and recompiles, all offsets)."""
         return len(self.entries)
 
+    @property
+    def guards(self) -> list[GuardRecord]:
+        """The guards of every entry, in order."""
+        return [g for e in self.entries for g in e.guards]
+
     # ------------------------------------------------------------------ recording
     def record_entry(self, cache, entry, check_source: str) -> None:
         name = cache.code.co_name
-        self.entries.append(EntryRecord(name, entry.offset, list(entry.guard_exprs), check_source))
+        self.entries.append(EntryRecord(name, entry.offset, list(entry.guards.records), check_source))
         if entry.graph is not None:
             self.graphs.append(GraphRecord(name, entry.offset, entry.graph, entry.ops))
         if entry.break_action is not None:

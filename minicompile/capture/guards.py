@@ -4,7 +4,8 @@ Each guard is a Python expression over ``L`` (the frame's values: arguments on e
 locals + cells + stack on resume) and named constants. All guards of one entry are
 joined with ``and`` into ONE generated function, compiled once; the cache-hit path
 evaluates that single expression and never loops over guard objects. When it fails,
-the slow path re-evaluates the guards one by one to name the one that failed.
+the slow path re-evaluates the guards one by one to name the one that failed. Each guarded
+value is also kept as one readable GuardRecord for reports.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import types
 
 import torch
 
+from minicompile.capture.explain import GuardRecord
 from minicompile.capture.variables import NULL, ResumeIter
 
 _LITERAL_TYPES = (int, str, bool, type(None), bytes)
@@ -54,58 +56,64 @@ class Guards:
     def __init__(self, ns: Namespace):
         self.ns = ns
         self.exprs: list[str] = []
+        self.records: list[GuardRecord] = []
         self._seen: set[str] = set()
 
-    def add(self, expr: str) -> None:
-        if expr not in self._seen:
-            self._seen.add(expr)
-            self.exprs.append(expr)
+    def add(self, *exprs: str, kind: str = "EXPR", what: str = "", check: str = "") -> None:
+        """Guard on every expression in ``exprs``; reports show them as one ``kind`` record."""
+        new = [e for e in exprs if e not in self._seen]
+        if not new:
+            return
+        self._seen.update(new)
+        self.exprs.extend(new)
+        self.records.append(GuardRecord(kind, what, check or " and ".join(new)))
 
     def grad_mode(self, enabled: bool) -> None:
-        self.add(f"_grad() is {enabled}")
+        self.add(f"_grad() is {enabled}", kind="GRAD_MODE", check=f"grad mode {'on' if enabled else 'off'}")
 
     def tensor(self, src: str, t: torch.Tensor) -> None:
         cls = self.ns.const(type(t), "T")
         dtype = self.ns.const(t.dtype, "dt")
         # is_cpu / get_device() are several times cheaper than comparing .device objects.
-        self.add(f"type({src}) is {cls}")
-        self.add(f"{src}.dtype is {dtype}")
         if t.device.type == "cpu":
-            self.add(f"{src}.is_cpu")
+            device = f"{src}.is_cpu"
         elif t.device.type == "cuda":
-            self.add(f"{src}.get_device() == {t.get_device()}")
+            device = f"{src}.get_device() == {t.get_device()}"
         else:
-            self.add(f"{src}.device == {self.ns.const(t.device, 'dev')}")
-        self.add(f"{src}.shape == {tuple(t.shape)!r}")
-        self.add(f"{src}.stride() == {tuple(t.stride())!r}")
-        self.add(f"{src}.requires_grad is {t.requires_grad}")
+            device = f"{src}.device == {self.ns.const(t.device, 'dev')}"
+        desc = (f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} stride {tuple(t.stride())} {t.device}"
+                f"{' requires_grad' if t.requires_grad else ''} (type, dtype, device, shape, stride, requires_grad)")
+        self.add(f"type({src}) is {cls}", f"{src}.dtype is {dtype}", device, f"{src}.shape == {tuple(t.shape)!r}",
+                 f"{src}.stride() == {tuple(t.stride())!r}", f"{src}.requires_grad is {t.requires_grad}",
+                 kind="TENSOR_MATCH", what=src, check=desc)
 
     def alias(self, src: str, other: str) -> None:
-        self.add(f"{src} is {other}")
+        self.add(f"{src} is {other}", kind="ALIAS_MATCH", what=src, check=f"is {other}")
 
     def constant(self, src: str, value) -> None:
         """A Python constant: same type and equal value (NaN-aware)."""
         if value is None or value is True or value is False:
-            self.add(f"{src} is {value!r}")
+            self.add(f"{src} is {value!r}", kind="CONSTANT_MATCH", what=src, check=f"is {value!r}")
             return
         tp = self.ns.const(type(value), "T")
-        self.add(f"type({src}) is {tp}")
-        if type(value) is float and math.isnan(value):
-            self.add(f"{src} != {src}")
-        else:
-            self.add(f"{src} == {self.ns.literal(value)}")
+        nan = type(value) is float and math.isnan(value)
+        self.add(f"type({src}) is {tp}", f"{src} != {src}" if nan else f"{src} == {self.ns.literal(value)}",
+                 kind="CONSTANT_MATCH", what=src, check=f"{type(value).__name__} == {value!r}")
 
     def identity(self, src: str, obj) -> None:
         if obj is None or obj is NULL:
-            self.add(f"{src} is {'None' if obj is None else '_NULL'}")
+            self.add(f"{src} is {'None' if obj is None else '_NULL'}", kind="ID_MATCH", what=src,
+                     check=f"is {'None' if obj is None else 'NULL'}")
             return
-        self.add(f"{src} is {self.ns.const(obj, _hint(obj))}")
+        self.add(f"{src} is {self.ns.const(obj, _hint(obj))}", kind="ID_MATCH", what=src,
+                 check=f"is the same {type(obj).__name__}")
 
     def type_is(self, src: str, tp: type) -> None:
-        self.add(f"type({src}) is {self.ns.const(tp, 'T')}")
+        self.add(f"type({src}) is {self.ns.const(tp, 'T')}", kind="TYPE_MATCH", what=src,
+                 check=f"type is {tp.__name__}")
 
     def length(self, src: str, n: int) -> None:
-        self.add(f"len({src}) == {n}")
+        self.add(f"len({src}) == {n}", kind="SEQUENCE_LENGTH", what=src, check=f"len == {n}")
 
     def compile(self, name: str = "check"):
         """One function evaluating every guard in a single ``and`` expression."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 from minicompile.capture import semantics
 from minicompile.capture.frame import PY311, Frame
 from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, SymCell,
-                                           SymFunction, SymIter, Unsupported)
+from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GraphBreak, SymCell,
+                                           SymFunction, SymIter)
 
 MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
 
@@ -42,12 +42,12 @@ def run_frame(frame: Frame):
             tracer.steps += 1
             try:
                 HANDLERS[inst.opname](frame, inst)
-            except (Unsupported, StopAtBreak) as e:
-                if isinstance(e, Unsupported) and e.where is None:
+            except (GraphBreak, StopAtBreak) as e:
+                if isinstance(e, GraphBreak) and e.where is None:
                     e.where = frame.where()
                 raise
             except Exception as e:  # a real Python error in user code, or a tracer gap
-                raise Unsupported(f"{type(e).__name__}: {e} (at {inst.opname})", frame.where()) from e
+                raise GraphBreak(f"{type(e).__name__}: {e} (at {inst.opname})", frame.where()) from e
             if frame.returned:
                 return frame.return_value
     finally:
@@ -66,7 +66,7 @@ def _load_fast(frame, inst):
     try:
         frame.push(frame.locals[inst.argval])
     except KeyError:
-        raise Unsupported(f"UnboundLocalError: {inst.argval}") from None
+        raise GraphBreak(f"UnboundLocalError: {inst.argval}") from None
 
 
 @op("LOAD_FAST_AND_CLEAR")
@@ -123,7 +123,7 @@ def _store_deref(frame, inst):
 def cell_get(tracer, cell, name: str):
     if isinstance(cell, SymCell):
         if cell.value is EMPTY:
-            raise Unsupported(f"NameError: free variable {name!r} referenced before assignment")
+            raise GraphBreak(f"NameError: free variable {name!r} referenced before assignment")
         return cell.value
     over = tracer.overlay(cell, "cell_contents")
     if over is not NULL:
@@ -131,7 +131,7 @@ def cell_get(tracer, cell, name: str):
     try:
         value = cell.cell_contents
     except ValueError:
-        raise Unsupported(f"NameError: free variable {name!r} is empty") from None
+        raise GraphBreak(f"NameError: free variable {name!r} is empty") from None
     src = tracer.source_of(cell) or tracer.const_source(cell, "cell")
     return tracer.wrap(value, f"{src}.cell_contents")
 
@@ -155,7 +155,7 @@ def load_global(frame: Frame, name: str):
         return tracer.wrap(g[name], f"{src}[{name!r}]")
     if name in frame.builtins:
         return frame.builtins[name]
-    raise Unsupported(f"NameError: name {name!r} is not defined")
+    raise GraphBreak(f"NameError: name {name!r} is not defined")
 
 
 @op("STORE_GLOBAL")
@@ -215,7 +215,7 @@ def _jump(frame, inst):
 @op("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
 def _jump_backward(frame, inst):
     if frame.tracer.steps > MAX_STEPS:
-        raise Unsupported(f"loop runs over {MAX_STEPS} traced instructions")
+        raise GraphBreak(f"loop runs over {MAX_STEPS} traced instructions")
     frame.jump(inst.argval)
 
 
@@ -263,7 +263,7 @@ def _get_iter(frame, inst):
 def _for_iter(frame, inst):
     it = frame.stack[-1]
     if not isinstance(it, SymIter):
-        raise Unsupported(f"for-loop over a {type(it).__name__}")
+        raise GraphBreak(f"for-loop over a {type(it).__name__}")
     v = it.next()
     if v is NULL:
         frame.pop()
@@ -300,14 +300,14 @@ def _load_assertion_error(frame, inst):
 
 @op("RAISE_VARARGS")
 def _raise(frame, inst):
-    raise Unsupported("raise statement (runs in Python)")
+    raise GraphBreak("raise statement (runs in Python)")
 
 
 @op("BEFORE_WITH")
 def _before_with(frame, inst):
     ctx = frame.stack[-1]
     if not isinstance(ctx, GradModeCtx):
-        raise Unsupported(f"with-block over a {type(ctx).__name__} (only torch.no_grad()/"
+        raise GraphBreak(f"with-block over a {type(ctx).__name__} (only torch.no_grad()/"
                           f"enable_grad() are modeled)")
     tracer = frame.tracer
     frame.pop()
@@ -319,14 +319,14 @@ def _before_with(frame, inst):
 @op("RETURN_GENERATOR")
 def _return_generator(frame, inst):
     if frame.yields is None:
-        raise Unsupported("generator")
+        raise GraphBreak("generator")
     frame.push(None)  # what the POP_TOP after it discards when the generator starts
 
 
 @op("YIELD_VALUE")
 def _yield_value(frame, inst):
     if frame.yields is None:
-        raise Unsupported("generator")
+        raise GraphBreak("generator")
     frame.yields.append(frame.pop())
     frame.push(None)  # the value sent back in
 

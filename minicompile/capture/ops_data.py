@@ -1,6 +1,6 @@
 """Opcode handlers for data: operators, containers, subscripts, attributes and calls.
 
-Every handler that can refuse (raise ``Unsupported``) does so before it changes the stack,
+Every handler that can refuse (raise ``GraphBreak``) does so before it changes the stack,
 so a graph break can hand the untouched stack to real Python.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from minicompile.capture import semantics
 from minicompile.capture.calls import call
 from minicompile.capture.frame import PY311
 from minicompile.capture.registry import op
-from minicompile.capture.variables import NULL, Unsupported, contains_symbolic
+from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
 
@@ -70,7 +70,7 @@ def _call_intrinsic_1(frame, inst):
     elif inst.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
         frame.stack[-1] = tuple(frame.stack[-1])
     else:
-        raise Unsupported(f"CALL_INTRINSIC_1 {inst.argrepr}")
+        raise GraphBreak(f"CALL_INTRINSIC_1 {inst.argrepr}")
 
 
 # ---------------------------------------------------------------------- subscripts
@@ -131,7 +131,7 @@ def _build_list(frame, inst):
 def _build_set(frame, inst):
     items = frame.stack[len(frame.stack) - inst.arg:]
     if contains_symbolic(items):
-        raise Unsupported("set of tensors")
+        raise GraphBreak("set of tensors")
     frame.push(set(frame.popn(inst.arg)))
 
 
@@ -157,7 +157,7 @@ def _format_value(frame, inst):
     has_spec = bool(inst.arg & 0x04)
     value = frame.stack[-2] if has_spec else frame.stack[-1]
     if contains_symbolic(value) or not semantics.is_plain(value):
-        raise Unsupported("formatting a tensor or object into a string needs its value")
+        raise GraphBreak("formatting a tensor or object into a string needs its value")
     spec = frame.pop() if has_spec else ""
     frame.pop()
     conv = {0: lambda v: v, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
@@ -173,7 +173,7 @@ def _list_append(frame, inst):
 @op("SET_ADD")
 def _set_add(frame, inst):
     if contains_symbolic(frame.stack[-1]):
-        raise Unsupported("set of tensors")
+        raise GraphBreak("set of tensors")
     v = frame.pop()
     frame.stack[-inst.arg].add(v)
 
@@ -195,7 +195,7 @@ def _list_extend(frame, inst):
 @op("SET_UPDATE")
 def _set_update(frame, inst):
     if contains_symbolic(frame.stack[-1]):
-        raise Unsupported("set of tensors")
+        raise GraphBreak("set of tensors")
     items = semantics.iterate(frame.tracer, frame.stack[-1])
     frame.pop()
     frame.stack[-inst.arg].update(items)
@@ -205,7 +205,7 @@ def _set_update(frame, inst):
 def _dict_update(frame, inst):
     other = frame.stack[-1]
     if not isinstance(other, dict):
-        raise Unsupported(f"** unpacking of a {type(other).__name__}")
+        raise GraphBreak(f"** unpacking of a {type(other).__name__}")
     frame.pop()
     frame.stack[-inst.arg].update(other)
 
@@ -219,7 +219,7 @@ def _list_to_tuple(frame, inst):
 def _unpack_sequence(frame, inst):
     items = semantics.iterate(frame.tracer, frame.stack[-1])
     if len(items) != inst.arg:
-        raise Unsupported(f"ValueError: cannot unpack {len(items)} values into {inst.arg}")
+        raise GraphBreak(f"ValueError: cannot unpack {len(items)} values into {inst.arg}")
     frame.pop()
     frame.stack.extend(reversed(items))
 
@@ -229,7 +229,7 @@ def _unpack_ex(frame, inst):
     before, after = inst.arg & 0xFF, inst.arg >> 8
     items = semantics.iterate(frame.tracer, frame.stack[-1])
     if len(items) < before + after:
-        raise Unsupported("ValueError: not enough values to unpack")
+        raise GraphBreak("ValueError: not enough values to unpack")
     frame.pop()
     middle = items[before:len(items) - after]
     values = items[:before] + [list(middle)] + items[len(items) - after:]
@@ -280,7 +280,7 @@ def _call_function_ex(frame, inst):
     star = frame.stack[-1 - has_kw]
     fn = frame.stack[-2 - has_kw]
     if not isinstance(kwargs, dict):
-        raise Unsupported("** of a non-dict")
+        raise GraphBreak("** of a non-dict")
     args = semantics.iterate(frame.tracer, star)
     result = call(frame.tracer, fn, args, dict(kwargs))
     frame.popn(3 + has_kw)

@@ -20,8 +20,8 @@ from minicompile.capture.guards import Guards, check_source
 from minicompile.capture.interpreter import StopAtBreak, run_frame
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (NULL, SymBoundMethod, SymCell, SymFunction, SymIter,
-                                           TensorMethod, TensorVar, Unsupported)
+from minicompile.capture.variables import (NULL, GraphBreak, SymBoundMethod, SymCell, SymFunction, SymIter,
+                                           TensorMethod, TensorVar)
 
 MAX_RESTARTS = 64
 
@@ -57,10 +57,6 @@ class Entry:
     break_action: BreakAction | None = None
     extra: dict = field(default_factory=dict)
 
-    @property
-    def guard_exprs(self) -> list[str]:
-        return self.guards.exprs
-
 
 def trace_segment(cache, offset: int, L: tuple) -> Entry:
     forced: dict = {}
@@ -75,11 +71,11 @@ def trace_segment(cache, offset: int, L: tuple) -> Entry:
             try:
                 return _build_entry(cache, tracer, offset, L, frame, break_offset=stop.offset,
                                     reason=forced[stop.offset])
-            except Unsupported as e:
+            except GraphBreak as e:
                 raise CannotCapture(f"graph break at {forced[stop.offset][1]} "
                                     f"({forced[stop.offset][0]}) cannot be split: {e.reason}",
                                     e.where or forced[stop.offset][1]) from None
-        except Unsupported as e:
+        except GraphBreak as e:
             top = tracer.top_offset
             if frame is not None and top is not None and top not in forced:
                 inst = frame.insts[frame.info.index_of[top]]

@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from minicompile.capture.tracer import Tracer, is_stable_module
-from minicompile.capture.variables import (NULL, GradModeExit, SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar,
-                                           Unsupported, contains_symbolic)
+from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, SymBoundMethod, SymCell,
+                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic)
 
 BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -59,12 +58,12 @@ def binary(tracer: Tracer, fn, a, b):
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         return tracer.call_graph("call_function", fn, (a, b))
     if fn in _COMPARES and (contains_symbolic(a) or contains_symbolic(b)):
-        raise Unsupported(f"comparing containers that hold tensors ({fn.__name__})")
+        raise GraphBreak(f"comparing containers that hold tensors ({fn.__name__})")
     if is_plain(a) and is_plain(b):
         return fn(a, b)
     if fn in (operator.eq, operator.ne) and _default_eq(a) and _default_eq(b):
         return fn(a, b)
-    raise Unsupported(f"operator {fn.__name__} on {type(a).__name__} and {type(b).__name__}")
+    raise GraphBreak(f"operator {fn.__name__} on {type(a).__name__} and {type(b).__name__}")
 
 
 def _default_eq(v) -> bool:
@@ -74,18 +73,18 @@ def _default_eq(v) -> bool:
 def unary(tracer: Tracer, fn, v):
     if isinstance(v, TensorVar):
         if fn is operator.not_:
-            raise Unsupported("`not tensor` needs the tensor's value (data-dependent)")
+            raise GraphBreak("`not tensor` needs the tensor's value (data-dependent)")
         return tracer.call_graph("call_function", fn, (v,))
     if fn is operator.not_:
         return not truth(tracer, v)
     if isinstance(v, (int, float, complex, bool)):
         return fn(v)
-    raise Unsupported(f"unary {fn.__name__} on {type(v).__name__}")
+    raise GraphBreak(f"unary {fn.__name__} on {type(v).__name__}")
 
 
 def truth(tracer: Tracer, v) -> bool:
     if isinstance(v, TensorVar):
-        raise Unsupported("data-dependent control flow: branching on a tensor value")
+        raise GraphBreak("data-dependent control flow: branching on a tensor value")
     if isinstance(v, (SymFunction, SymBoundMethod, TensorMethod, SymCell, GradModeExit)):
         return True
     if isinstance(v, SymIter):
@@ -96,7 +95,7 @@ def truth(tracer: Tracer, v) -> bool:
     cls = type(v)
     if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
         return True
-    raise Unsupported(f"truth value of a {cls.__name__} runs user code (__bool__/__len__)")
+    raise GraphBreak(f"truth value of a {cls.__name__} runs user code (__bool__/__len__)")
 
 
 def identity(a, b) -> bool:
@@ -105,7 +104,7 @@ def identity(a, b) -> bool:
 
 def contains(tracer: Tracer, item, container) -> bool:
     if isinstance(container, TensorVar):
-        raise Unsupported("`x in tensor` needs the tensor's values (data-dependent)")
+        raise GraphBreak("`x in tensor` needs the tensor's values (data-dependent)")
     if isinstance(container, nn.ModuleDict):
         return item in container._modules
     if isinstance(container, (tuple, list, set, frozenset, str, bytes, range)):
@@ -113,7 +112,7 @@ def contains(tracer: Tracer, item, container) -> bool:
                                  and x == item) for x in container)
     if isinstance(container, dict):
         return item in container
-    raise Unsupported(f"`in` on {type(container).__name__}")
+    raise GraphBreak(f"`in` on {type(container).__name__}")
 
 
 # ---------------------------------------------------------------------- iteration
@@ -131,7 +130,7 @@ def iterate(tracer: Tracer, v) -> list:
         return items
     if isinstance(v, TensorVar):
         if v.fake.dim() == 0:
-            raise Unsupported("iteration over a 0-d tensor")
+            raise GraphBreak("iteration over a 0-d tensor")
         return list(tracer.call_graph("call_method", "unbind", (v, 0)))
     if isinstance(v, (nn.ModuleList, nn.Sequential)):
         return [child_module(tracer, v, name) for name in v._modules]
@@ -139,7 +138,7 @@ def iterate(tracer: Tracer, v) -> list:
         return list(v._modules.keys())
     if isinstance(v, nn.ParameterList):
         return [module_attr(tracer, v, name) for name in v._parameters]
-    raise Unsupported(f"iteration over a {type(v).__name__}")
+    raise GraphBreak(f"iteration over a {type(v).__name__}")
 
 
 # ---------------------------------------------------------------------- subscripts
@@ -147,12 +146,12 @@ def subscr(tracer: Tracer, obj, key):
     if isinstance(obj, TensorVar):
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
-        raise Unsupported(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
+        raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
     if isinstance(obj, (tuple, list, str, bytes, range)):
         return obj[key]
     if isinstance(obj, dict):
         if key not in obj:
-            raise Unsupported(f"KeyError: {key!r}")
+            raise GraphBreak(f"KeyError: {key!r}")
         return obj[key]
     if isinstance(obj, (nn.ModuleList, nn.Sequential)):
         names = list(obj._modules)
@@ -168,7 +167,7 @@ def subscr(tracer: Tracer, obj, key):
     if isinstance(obj, (nn.ParameterList, nn.ParameterDict)):
         name = str(key) if isinstance(obj, nn.ParameterList) else key
         return module_attr(tracer, obj, name)
-    raise Unsupported(f"subscript of a {type(obj).__name__}")
+    raise GraphBreak(f"subscript of a {type(obj).__name__}")
 
 
 def store_subscr(tracer: Tracer, obj, key, value) -> None:
@@ -176,18 +175,18 @@ def store_subscr(tracer: Tracer, obj, key, value) -> None:
         tracer.call_graph("call_function", operator.setitem, (obj, key, value), mutates=True)
         return
     if isinstance(key, TensorVar):
-        raise Unsupported("storing into a container with a tensor key")
+        raise GraphBreak("storing into a container with a tensor key")
     if type(obj) in (list, dict):
         obj[key] = value  # traced on a copy; tracked input containers are replayed afterwards
         return
-    raise Unsupported(f"item assignment on a {type(obj).__name__}")
+    raise GraphBreak(f"item assignment on a {type(obj).__name__}")
 
 
 def delete_subscr(tracer: Tracer, obj, key) -> None:
     if type(obj) in (list, dict) and not isinstance(key, TensorVar):
         del obj[key]
         return
-    raise Unsupported(f"del on a {type(obj).__name__} item")
+    raise GraphBreak(f"del on a {type(obj).__name__} item")
 
 
 # ---------------------------------------------------------------------- attributes
@@ -219,8 +218,8 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
     except AttributeError:
         if type(obj).__getattr__ is not object.__getattribute__ and not isinstance(obj, nn.Module) \
                 and hasattr(type(obj), "__getattr__"):
-            raise Unsupported(f"{type(obj).__name__}.__getattr__ runs user code") from None
-        raise Unsupported(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
+            raise GraphBreak(f"{type(obj).__name__}.__getattr__ runs user code") from None
+        raise GraphBreak(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
     if isinstance(attr, types.FunctionType):
         return SymBoundMethod(attr, obj)
     if isinstance(attr, staticmethod):
@@ -250,7 +249,7 @@ def getattr_(tracer: Tracer, obj, name: str):
         value = getattr(obj, name)
         if is_stable_module(obj):
             if isinstance(value, torch.Tensor):
-                raise Unsupported(f"tensor global {obj.__name__}.{name}")
+                raise GraphBreak(f"tensor global {obj.__name__}.{name}")
             return value
         return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
     if isinstance(obj, type):
@@ -266,21 +265,21 @@ def getattr_(tracer: Tracer, obj, name: str):
             return obj.name
         if name == "__code__":
             return obj.code
-        raise Unsupported(f"attribute {name} of a function made while tracing")
+        raise GraphBreak(f"attribute {name} of a function made while tracing")
     if isinstance(obj, SymBoundMethod):
         if name == "__self__":
             return obj.self_value
         if name == "__func__":
             return obj.func
-        raise Unsupported(f"attribute {name} of a bound method")
+        raise GraphBreak(f"attribute {name} of a bound method")
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return getattr(obj, name)
         if name in ("__self__", "__func__"):
             return getattr(obj, name)
-        raise Unsupported(f"attribute {name} of a function")
+        raise GraphBreak(f"attribute {name} of a function")
     if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
-        raise Unsupported(f"attribute {name} of {type(obj).__name__}")
+        raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
     src = _obj_source(tracer, obj)
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
@@ -299,20 +298,20 @@ def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
     if name == "data":
         return tracer.call_graph("call_method", "detach", (t,))
     if name in ("grad", "grad_fn", "is_leaf", "_base", "names", "untyped_storage"):
-        raise Unsupported(f"tensor.{name} depends on autograd/runtime state the graph cannot see")
+        raise GraphBreak(f"tensor.{name} depends on autograd/runtime state the graph cannot see")
     if callable(getattr(torch.Tensor, name, None)):
         return TensorMethod(t, name)
-    raise Unsupported(f"tensor attribute {name!r}")
+    raise GraphBreak(f"tensor attribute {name!r}")
 
 
 def setattr_(tracer: Tracer, obj, name: str, value) -> None:
     if isinstance(obj, TensorVar):
-        raise Unsupported(f"setting tensor.{name}")
+        raise GraphBreak(f"setting tensor.{name}")
     if isinstance(obj, (SymFunction, SymIter, SymCell, SymBoundMethod, TensorMethod)) or is_plain(obj):
-        raise Unsupported(f"setting attribute {name} on {type(obj).__name__}")
+        raise GraphBreak(f"setting attribute {name} on {type(obj).__name__}")
     if isinstance(obj, nn.Module) and isinstance(value, TensorVar) and (
             name in obj._parameters or name in obj._buffers):
-        raise Unsupported(f"assigning a traced tensor to parameter/buffer {name!r}")
+        raise GraphBreak(f"assigning a traced tensor to parameter/buffer {name!r}")
     if tracer.source_of(obj) is None:
         tracer.const_source(obj, "obj")
     tracer.record_setattr(obj, name, value)

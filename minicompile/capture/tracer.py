@@ -17,8 +17,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, ResumeIter, SymCell,
-                                           SymIter, TensorVar, Unsupported)
+from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter, SymCell,
+                                           SymIter, TensorVar)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)
@@ -148,7 +148,7 @@ class Tracer:
             g.type_is(source, dict)
             keys = list(value.keys())
             if not all(type(k) in (str, int, bool) for k in keys):
-                raise Unsupported(f"dict with non-constant keys at {source}")
+                raise GraphBreak(f"dict with non-constant keys at {source}")
             g.add(f"list({source}) == {keys!r}")
             copy = {k: self.wrap(value[k], f"{source}[{k!r}]") for k in keys}
             self._track(source, copy, value)
@@ -190,7 +190,7 @@ class Tracer:
             g.add(f"{source} == {self.ns.const(value)}")
             return value
         if isinstance(value, (set, SymCell, SymIter)):
-            raise Unsupported(f"cannot trace a {type(value).__name__} read from {source}")
+            raise GraphBreak(f"cannot trace a {type(value).__name__} read from {source}")
         # Any other object: same type; its attributes are guarded when read.
         g.type_is(source, type(value))
         self._remember(value, source)
@@ -202,7 +202,7 @@ class Tracer:
             self.guards.alias(source, same.source)
             return same
         if value.is_sparse or value.layout != torch.strided:
-            raise Unsupported(f"non-strided tensor input at {source}")
+            raise GraphBreak(f"non-strided tensor input at {source}")
         fake = self.fake_mode.from_tensor(value, static_shapes=True)
         # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.
         anchor = self.inputs[-1].var.node if self.inputs else None
@@ -234,7 +234,7 @@ class Tracer:
     def record_setattr(self, obj, name: str, value) -> None:
         src = self.source_of(obj)
         if src is None:
-            raise Unsupported(f"attribute write {type(obj).__name__}.{name} on an object the "
+            raise GraphBreak(f"attribute write {type(obj).__name__}.{name} on an object the "
                               f"tracer cannot find again after the graph runs")
         self.attr_overlay[(id(obj), name)] = value
         self.side_effects.append(SideEffect("setattr", src, name, value))
@@ -278,11 +278,11 @@ class Tracer:
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:
                     result = target(*fake_args, **fake_kwargs)
-        except Unsupported:
+        except GraphBreak:
             raise
         except Exception as e:
             name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
-            raise Unsupported(f"{name}: {type(e).__name__}: {_short(e)} "
+            raise GraphBreak(f"{name}: {type(e).__name__}: {_short(e)} "
                               f"(data-dependent or unsupported while tracing)") from None
         if result is None and mutates:  # e.g. setitem: recorded for its effect, returns None
             node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
@@ -292,7 +292,7 @@ class Tracer:
             if allow_constant_result:
                 return result
             name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
-            raise Unsupported(f"{name} returns a non-tensor value ({type(result).__name__}) "
+            raise GraphBreak(f"{name} returns a non-tensor value ({type(result).__name__}) "
                               f"that depends on tensor data")
         node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
         node.meta["example_value"] = result
@@ -312,7 +312,7 @@ class Tracer:
                     item.meta["example_value"] = r
                     items.append(TensorVar(item, r))
                 elif _has_tensor(r):
-                    raise Unsupported("nested tensor containers returned by an op")
+                    raise GraphBreak("nested tensor containers returned by an op")
                 else:
                     items.append(r)
             if isinstance(result, list):
@@ -320,7 +320,7 @@ class Tracer:
             if type(result) is tuple:
                 return tuple(items)
             return type(result)(items)  # torch.return_types structseqs take one sequence
-        raise Unsupported(f"op returned {type(result).__name__} holding tensors")
+        raise GraphBreak(f"op returned {type(result).__name__} holding tensors")
 
 
 def _readable(source: str, names: dict) -> str:
@@ -345,7 +345,7 @@ def _to_fake(v):
     if isinstance(v, TensorVar):
         return v.fake
     if isinstance(v, torch.Tensor):
-        raise Unsupported("a real tensor reached the graph without a source (cannot be an input)")
+        raise GraphBreak("a real tensor reached the graph without a source (cannot be an input)")
     return v
 
 
@@ -369,7 +369,7 @@ def _map(value, fn):
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
         return type(value)(*[_map(v, fn) for v in value])
     if isinstance(value, (SymIter, SymCell)):
-        raise Unsupported(f"cannot pass a {type(value).__name__} to a torch op")
+        raise GraphBreak(f"cannot pass a {type(value).__name__} to a torch op")
     return fn(value)
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 
-class Unsupported(Exception):
-    """A construct the tracer cannot follow. Becomes a graph break or a fallback.
+class GraphBreak(Exception):
+    """A construct the tracer cannot follow: the segment is split there (a graph break), or,
+    where no split is possible, the function falls back (segment.CannotCapture).
 
     ``where`` is the user's ``file:line`` of the innermost frame that hit it.
     """

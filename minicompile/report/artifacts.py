@@ -13,7 +13,7 @@ from typing import Callable
 
 
 @dataclass
-class Stage:
+class ReportStage:
     name: str
     title: str
     render: Callable      # (fx_graph | None, compiled | None) -> str
@@ -69,7 +69,7 @@ def wrapper_text(compiled) -> str:
 _KERNEL_SUFFIX = {"cpp": ("kernels.cpp", "cpp"), "triton": ("kernels.py", "python")}
 
 
-def stage_file(stage: Stage, compiled) -> tuple[str, str | None]:
+def stage_file(stage: ReportStage, compiled) -> tuple[str, str | None]:
     """(file name, highlight language) of a stage; kernel source depends on the backend."""
     if stage.name == "kernels" and compiled is not None:
         return _KERNEL_SUFFIX.get(compiled.backend, ("kernels.txt", None))
@@ -77,11 +77,11 @@ def stage_file(stage: Stage, compiled) -> tuple[str, str | None]:
 
 
 STAGES = {s.name: s for s in [
-    Stage("graph", "captured FX graph", lambda fx, c: fx_graph_text(fx), "fx_graph.py", "python"),
-    Stage("aten", "ATen graph (decomposed, functional)", lambda fx, c: aten_graph_text(c), "aten_graph.py", "python"),
-    Stage("fusion", "fusion groups", lambda fx, c: fusion_text(c), "fusion.txt", None),
-    Stage("kernels", "generated kernels", lambda fx, c: kernel_text(c), "kernels.cpp", "cpp"),
-    Stage("wrapper", "host wrapper", lambda fx, c: wrapper_text(c), "wrapper.py", "python"),
+    ReportStage("graph", "captured FX graph", lambda fx, c: fx_graph_text(fx), "fx_graph.py", "python"),
+    ReportStage("aten", "ATen graph (decomposed, functional)", lambda fx, c: aten_graph_text(c), "aten_graph.py", "python"),
+    ReportStage("fusion", "fusion groups", lambda fx, c: fusion_text(c), "fusion.txt", None),
+    ReportStage("kernels", "generated kernels", lambda fx, c: kernel_text(c), "kernels.cpp", "cpp"),
+    ReportStage("wrapper", "host wrapper", lambda fx, c: wrapper_text(c), "wrapper.py", "python"),
 ]}
 
 # MINICOMPILE_DEBUG level -> the stages it adds (level 1 prints the one-line summary only).

@@ -15,27 +15,38 @@ import warnings
 
 from minicompile.config import config
 
-_fallback_dir = None
-_lock = threading.Lock()
+class CacheRoot:
+    """Resolves the cache directory: ``config.cache_dir`` while it is writable; otherwise one
+    temporary directory for the rest of the process, announced by one warning."""
+
+    def __init__(self):
+        self.fallback: str | None = None
+        self._lock = threading.Lock()
+
+    def path(self) -> str:
+        root = config.cache_dir
+        try:
+            os.makedirs(root, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe", delete=True)
+            probe.close()
+            return root
+        except OSError as e:
+            with self._lock:
+                if self.fallback is None:
+                    self.fallback = tempfile.mkdtemp(prefix="minicompile-cache-")
+                    warnings.warn(f"minicompile: cache directory {root!r} is not writable ({e.strerror}); "
+                                  f"building in {self.fallback} instead. Set MINICOMPILE_CACHE_DIR to a writable "
+                                  f"directory to keep compiled kernels between runs.", RuntimeWarning, stacklevel=4)
+            return self.fallback
+
+
+# The runtime's one resolver (tests swap in a fresh one).
+root = CacheRoot()
 
 
 def cache_root() -> str:
     """The usable cache directory (config.cache_dir, or a temporary one if unwritable)."""
-    global _fallback_dir
-    root = config.cache_dir
-    try:
-        os.makedirs(root, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".probe", delete=True)
-        probe.close()
-        return root
-    except OSError as e:
-        with _lock:
-            if _fallback_dir is None:
-                _fallback_dir = tempfile.mkdtemp(prefix="minicompile-cache-")
-                warnings.warn(f"minicompile: cache directory {root!r} is not writable ({e.strerror}); "
-                              f"building in {_fallback_dir} instead. Set MINICOMPILE_CACHE_DIR to a writable "
-                              f"directory to keep compiled kernels between runs.", RuntimeWarning, stacklevel=3)
-        return _fallback_dir
+    return root.path()
 
 
 def digest(*parts) -> str:

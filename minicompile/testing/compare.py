@@ -1,10 +1,14 @@
-"""Compare a compiled result with eager's: structure, dtype, shape, strides, then values.
+"""Compare a compiled result with eager's: structure, dtype, device, shape, strides, then values.
 
-Values get dtype-appropriate tolerances; NaN and inf must sit at the same positions. Strides
-are compared where eager's output is dense (non-overlapping and dense), ignoring size-1
-dimensions, whose stride eager itself does not pin down.
+Values get per-dtype tolerances, TOLERANCES unless the caller passes its own; NaN and inf must
+sit at the same positions. Strides are compared where eager's output is dense
+(non-overlapping and dense), ignoring size-1 dimensions, whose stride eager itself does not
+pin down. This is the one comparator: the OpInfo sweep, the fuzzer and the tests use it.
 """
 from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 from torch.utils import _pytree as pytree
@@ -13,31 +17,46 @@ from minicompile.aot.strides import is_non_overlapping_and_dense
 
 # (rtol, atol) per dtype. Generated code computes in a different order and with libm/SIMD
 # transcendental functions, so float32 allows a few hundred ulps; bf16/fp16 are computed in
-# float32 and rounded once, so a one-ulp difference in the narrow type is allowed.
-TOLERANCES = {
+# float32 and rounded once, so a one-ulp difference in the narrow type is allowed. Read-only:
+# a caller wanting others passes ``tolerances=`` to ``mismatch``.
+TOLERANCES: Mapping = MappingProxyType({
     torch.float64: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-2),
     torch.float16: (2e-3, 1e-3),
     torch.complex64: (1e-4, 1e-5),
     torch.complex128: (1e-7, 1e-7),
-}
+})
 
 
-def mismatch(expected, actual, *, values: bool = True) -> str | None:
-    """None when ``actual`` matches ``expected``; otherwise a one-line description of the first difference."""
+DEFAULT_TOLERANCE = (1e-4, 1e-5)   # a float dtype missing from the table
+_INEXACT = {d for d in vars(torch).values() if isinstance(d, torch.dtype) and (d.is_floating_point or d.is_complex)}
+
+
+def same_tolerance(rtol: float, atol: float) -> dict:
+    """One (rtol, atol) for every float and complex dtype."""
+    return dict.fromkeys(_INEXACT, (rtol, atol))
+
+
+def mismatch(expected, actual, *, values: bool = True, strides: bool = True,
+             tolerances: Mapping = TOLERANCES) -> str | None:
+    """None when ``actual`` matches ``expected``; otherwise a one-line description of the first difference.
+
+    ``tolerances`` maps a dtype to (rtol, atol). ``values=False`` compares only structure and
+    metadata (random ops); ``strides=False`` leaves layouts out (a decomposition called directly:
+    the compiler gives its result eager's strides later)."""
     exp_flat, exp_spec = pytree.tree_flatten(expected)
     act_flat, act_spec = pytree.tree_flatten(actual)
     if len(exp_flat) != len(act_flat):
         return f"output structure differs: eager {exp_spec}, compiled {act_spec}"
     for k, (e, a) in enumerate(zip(exp_flat, act_flat)):
-        msg = _leaf_mismatch(e, a, values)
+        msg = _leaf_mismatch(e, a, values, strides, tolerances)
         if msg:
             return f"output {k}: {msg}"
     return None
 
 
-def _leaf_mismatch(e, a, values: bool) -> str | None:
+def _leaf_mismatch(e, a, values: bool, strides: bool, tolerances: Mapping) -> str | None:
     if isinstance(e, torch.Tensor) != isinstance(a, torch.Tensor):
         return f"eager gives {type(e).__name__}, compiled gives {type(a).__name__}"
     if not isinstance(e, torch.Tensor):
@@ -46,21 +65,23 @@ def _leaf_mismatch(e, a, values: bool) -> str | None:
         return None
     if e.dtype != a.dtype:
         return f"dtype: eager {e.dtype}, compiled {a.dtype}"
+    if e.device != a.device:
+        return f"device: eager {e.device}, compiled {a.device}"
     if e.shape != a.shape:
         return f"shape: eager {tuple(e.shape)}, compiled {tuple(a.shape)}"
-    if e.numel() > 0 and is_non_overlapping_and_dense(e):
+    if strides and e.numel() > 0 and is_non_overlapping_and_dense(e):
         es = [s for s, n in zip(e.stride(), e.shape) if n > 1]
         as_ = [s for s, n in zip(a.stride(), a.shape) if n > 1]
         if es != as_:
             return f"strides: eager {e.stride()}, compiled {a.stride()} (shape {tuple(e.shape)})"
     if not values or e.numel() == 0:
         return None
-    return _value_mismatch(e, a)
+    return _value_mismatch(e, a, tolerances)
 
 
-def _value_mismatch(e: torch.Tensor, a: torch.Tensor) -> str | None:
+def _value_mismatch(e: torch.Tensor, a: torch.Tensor, tolerances: Mapping) -> str | None:
     if e.dtype.is_floating_point or e.dtype.is_complex:
-        rtol, atol = TOLERANCES.get(e.dtype, (1e-4, 1e-5))
+        rtol, atol = tolerances.get(e.dtype, DEFAULT_TOLERANCE)
         e64 = e.detach().to(torch.complex128 if e.dtype.is_complex else torch.float64)
         a64 = a.detach().to(e64.dtype)
         if not torch.equal(torch.isnan(e64), torch.isnan(a64)):

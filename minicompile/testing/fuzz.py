@@ -386,20 +386,16 @@ def _precision_floor(inputs):
     return min(floats, key=_PRECISION.index) if floats else None
 
 
-def _tolerant_mismatch(expected, actual, floor=None):
-    """Like compare.mismatch, with a looser float tolerance for fuzzed (cancellation-prone) chains."""
-    saved = dict(compare.TOLERANCES)
-    compare.TOLERANCES.update(TOLERANCES)
+def _tolerances(floor=None) -> dict:
+    """compare's tolerances, looser for fuzzed (cancellation-prone) chains, and for a program
+    reading ``floor`` no tighter than that dtype's for any float result."""
+    tolerances = {**compare.TOLERANCES, **TOLERANCES}
     if floor is not None:
-        widest = compare.TOLERANCES[floor]
+        widest = tolerances[floor]
         for dt in _PRECISION:
-            rtol, atol = compare.TOLERANCES.get(dt, widest)
-            compare.TOLERANCES[dt] = (max(rtol, widest[0]), max(atol, widest[1]))
-    try:
-        return mismatch(expected, actual)
-    finally:
-        compare.TOLERANCES.clear()
-        compare.TOLERANCES.update(saved)
+            rtol, atol = tolerances.get(dt, widest)
+            tolerances[dt] = (max(rtol, widest[0]), max(atol, widest[1]))
+    return tolerances
 
 
 def check_batch(programs: list) -> str | None:
@@ -423,7 +419,7 @@ def check_batch(programs: list) -> str | None:
     except Exception as e:  # noqa: BLE001 - any compile/run error is a finding
         return f"crash: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
     for exp, act, x in zip(expected, actual, inputs):
-        found = _tolerant_mismatch(exp, act, _precision_floor(x))
+        found = mismatch(exp, act, tolerances=_tolerances(_precision_floor(x)))
         if found:
             return found
     return None

@@ -1,56 +1,23 @@
-"""Run a model under a capture front end and keep what it did: graphs, breaks, guards.
+"""Run a model under a capture front end and keep what it did, as capture's CaptureReport.
 
 A front end is a function ``(model, example_inputs) -> CaptureReport`` registered in
-FRONTENDS. "dynamo" drives ``torch.compile`` with a recording backend that hands each
-graph to ``minicompile_backend``; minicompile's own bytecode capture (capture/) registers
-here when it lands, and the same printers show its graphs, breaks and guards.
+FRONTENDS. Both compile every graph with ``minicompile_backend`` through a recording
+wrapper, so each GraphRecord also holds what the backend compiled and the inputs it saw:
+
+  "dynamo"       ``torch.compile``; breaks and guards come from ``torch._dynamo.explain``
+  "minicompile"  minicompile's own bytecode capture (``minicompile.explain``)
 """
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from minicompile.backend import PerShapeGraph, minicompile_backend
+from minicompile.capture.api import explain as capture_explain
+from minicompile.capture.explain import BreakRecord, CaptureReport, EntryRecord, GraphRecord, GuardRecord
 from minicompile.pipeline import CompiledGraph
-
-
-@dataclass
-class GraphRecord:
-    index: int
-    fx_graph: torch.fx.GraphModule
-    example_inputs: list
-    compiled: CompiledGraph | None = None
-    note: str = ""   # why there is no CompiledGraph (ran eagerly, ...)
-
-
-@dataclass
-class GraphBreak:
-    reason: str
-    where: str       # "file:line in function", or "" when unknown
-
-
-@dataclass
-class GuardRecord:
-    kind: str        # TENSOR_MATCH, CONSTANT_MATCH, TYPE_MATCH, ...
-    what: str        # the guarded value, e.g. L['x']
-    check: str       # what is checked, readably
-
-    def __str__(self):
-        return f"{self.kind:<28} {self.what:<40} {self.check}".rstrip()
-
-
-@dataclass
-class CaptureReport:
-    frontend: str
-    graphs: list = field(default_factory=list)    # GraphRecord
-    breaks: list = field(default_factory=list)    # GraphBreak
-    guards: list = field(default_factory=list)    # GuardRecord
-    outputs: Any = None                           # what the compiled model returned
-    eager_outputs: Any = None                     # what the model returned eagerly
-
 
 FRONTENDS: dict[str, Callable] = {}
 
@@ -62,38 +29,78 @@ def register_frontend(name: str):
     return wrap
 
 
+class RecordingBackend:
+    """``minicompile_backend``, remembering for each graph its example inputs and result."""
+
+    def __init__(self):
+        self.seen: dict = {}      # GraphModule -> (example inputs, what the backend returned)
+        self.order: list = []     # GraphModules in compile order
+
+    def __call__(self, gm, example_inputs):
+        compiled = minicompile_backend(gm, example_inputs)
+        self.seen[gm] = (list(example_inputs), compiled)
+        self.order.append(gm)
+        return compiled
+
+    def fill(self, rec: GraphRecord) -> None:
+        """Attach the compiled graph (after the first call, so a per-shape graph has compiled)."""
+        rec.example_inputs, compiled = self.seen.get(rec.graph, ([], None))
+        if isinstance(compiled, PerShapeGraph):
+            compiled = next(iter(compiled.compiled.values()), None)
+        if isinstance(compiled, CompiledGraph):
+            rec.compiled = compiled
+        else:
+            rec.note = "runs eagerly (the graph needs gradients)"
+
+
+@register_frontend("minicompile")
+def capture_minicompile(model, example_inputs: tuple) -> CaptureReport:
+    backend = RecordingBackend()
+    with torch.no_grad():
+        eager_output = model(*example_inputs)
+        report = capture_explain(model, backend=backend)(*example_inputs)
+    report.frontend, report.eager_output = "minicompile", eager_output
+    # A function that fell back to torch.fx.symbolic_trace was still compiled: show that graph too.
+    captured = {rec.graph for rec in report.graphs}
+    fx_fallbacks = [f for f in report.fallbacks if f.kind == "fx"]
+    for gm, fallback in zip([gm for gm in backend.order if gm not in captured], fx_fallbacks):
+        report.graphs.append(GraphRecord(fallback.code_name, 0, gm, _ops(gm)))
+    for rec in report.graphs:
+        backend.fill(rec)
+    return report
+
+
 @register_frontend("dynamo")
 def capture_dynamo(model, example_inputs: tuple) -> CaptureReport:
     report = CaptureReport("dynamo")
+    backend = RecordingBackend()
+    names: dict = {}
 
     def recording_backend(gm, inputs):
-        compiled = minicompile_backend(gm, inputs)
-        rec = GraphRecord(len(report.graphs), gm, list(inputs))
-        if isinstance(compiled, CompiledGraph):
-            rec.compiled = compiled
-        elif isinstance(compiled, PerShapeGraph):
-            rec.compiled = compiled   # resolved to a CompiledGraph after the first call below
-        else:
-            rec.note = "runs eagerly (the graph needs gradients)"
-        report.graphs.append(rec)
-        return compiled
+        context = torch._guards.TracingContext.try_get()
+        names[gm] = context.traced_code[0].co_name if context and context.traced_code else ""
+        return backend(gm, inputs)
 
     torch._dynamo.reset()
     with torch.no_grad():
-        report.eager_outputs = model(*example_inputs)
-        report.outputs = torch.compile(model, backend=recording_backend, dynamic=False)(*example_inputs)
-        for rec in report.graphs:
-            if isinstance(rec.compiled, PerShapeGraph):
-                per_shape = rec.compiled
-                rec.compiled = next(iter(per_shape.compiled.values()), None)
+        report.eager_output = model(*example_inputs)
+        report.output = torch.compile(model, backend=recording_backend, dynamic=False)(*example_inputs)
         # Graph breaks and guards come from Dynamo's own explain (a second, cheap trace).
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(*example_inputs)
     torch._dynamo.reset()
-    report.breaks = [GraphBreak(_first_lines(b.reason), _where(b.user_stack)) for b in explained.break_reasons]
+    for gm in backend.order:
+        report.graphs.append(GraphRecord(names[gm], 0, gm, _ops(gm)))
+        backend.fill(report.graphs[-1])
+    report.breaks = [_break_record(b) for b in explained.break_reasons]
     frame_locals = _frame_locals(model, example_inputs)
-    report.guards = [_guard_record(g, frame_locals) for g in explained.out_guards]
+    guards = [_guard_record(g, frame_locals) for g in explained.out_guards]
+    report.entries = [EntryRecord(names[backend.order[0]] if backend.order else "", 0, guards, "")]
     return report
+
+
+def _ops(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
 
 def _first_lines(reason: str, n: int = 2) -> str:
@@ -101,11 +108,12 @@ def _first_lines(reason: str, n: int = 2) -> str:
     return " ".join(lines[:n])
 
 
-def _where(stack) -> str:
-    if not stack:
-        return ""
-    frame = stack[-1]
-    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+def _break_record(reason) -> BreakRecord:
+    """Dynamo's break reason, placed at the innermost user frame of its stack."""
+    if not reason.user_stack:
+        return BreakRecord("", _first_lines(reason.reason), "")
+    frame = reason.user_stack[-1]
+    return BreakRecord(frame.name, _first_lines(reason.reason), f"{frame.filename}:{frame.lineno}")
 
 
 def _frame_locals(model, example_inputs) -> dict:

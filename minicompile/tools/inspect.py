@@ -4,6 +4,8 @@ Stage by stage, for each captured graph: the FX graph, the ATen graph, the fusio
 (kernels with their FX nodes and the user's source lines, unfused edges and extern calls
 with reasons), the generated kernels and the host wrapper; before them, the graph breaks
 and guards of the capture. ``--out DIR`` writes all of it, plus a reproducer per graph.
+``--frontend`` picks who captures: TorchDynamo (default) or minicompile's own tracer; both
+hand back capture's CaptureReport, so the same printers show either.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import sys
 
 import torch
 
+from minicompile.capture.explain import CaptureReport
 from minicompile.report.artifacts import STAGES, banner, stage_file, summary
-from minicompile.tools.capture import FRONTENDS, CaptureReport
+from minicompile.tools.capture import FRONTENDS
 from minicompile.report.highlight import highlight
 from minicompile.tools.repro import write_repro
 from minicompile.tools.target import load_target
@@ -48,10 +51,12 @@ def run_inspect(target_spec: str, stages: list[str], out_dir: str | None, fronte
 def headline(report: CaptureReport, name: str) -> str:
     lines = [f"minicompile inspect {name}: {len(report.graphs)} graph(s), {len(report.breaks)} graph break(s), "
              f"{len(report.guards)} guard(s) (front end: {report.frontend})"]
-    for rec in report.graphs:
+    for i, rec in enumerate(report.graphs):
         detail = summary(rec.compiled) if rec.compiled is not None else rec.note
-        lines.append(f"  graph {rec.index}: {detail}")
-    lines.append(f"  compiled output vs eager: {_compare(report.outputs, report.eager_outputs)}")
+        start = f" from offset {rec.offset}" if rec.offset else ""
+        lines.append(f"  graph {i}: {rec.code_name}(){start}: {detail}")
+    lines += [f"  fallback to {f.kind} for {f.code_name}(): {f.reason}" for f in report.fallbacks]
+    lines.append(f"  compiled output vs eager: {_compare(report.output, report.eager_output)}")
     return "\n".join(lines) + "\n"
 
 
@@ -61,21 +66,26 @@ def render_report(report: CaptureReport, name: str, stages: list[str], stream) -
         blocks.append("\n" + banner("graph breaks") + "\n" + breaks_text(report))
     if "guards" in stages:
         blocks.append("\n" + banner("guards") + "\n" + guards_text(report))
-    for rec in report.graphs:
+    for i, rec in enumerate(report.graphs):
         for name_ in (s for s in STAGES if s in stages):
             stage = STAGES[name_]
             if rec.compiled is None and name_ != "graph":
                 continue
             _, language = stage_file(stage, rec.compiled)
-            text = stage.render(rec.fx_graph, rec.compiled)
-            blocks.append(f"\n{banner(f'graph {rec.index}: {stage.title}')}\n{highlight(text, language, stream)}")
+            text = stage.render(rec.graph, rec.compiled)
+            blocks.append(f"\n{banner(f'graph {i}: {stage.title}')}\n{highlight(text, language, stream)}")
     return blocks
 
 
 def breaks_text(report: CaptureReport) -> str:
+    """Graph breaks (file:line in function, then why), and our front end's fallbacks."""
+    fallbacks = "".join(f"fallback to {f.kind}: {f.where or '?'} in {f.code_name}()\n    {f.reason}\n"
+                        for f in report.fallbacks)
     if not report.breaks:
-        return "none: the model was captured as one graph\n" if len(report.graphs) <= 1 else "none reported\n"
-    return "".join(f"break {i}: {b.where}\n    {b.reason}\n" for i, b in enumerate(report.breaks))
+        none = "none: the model was captured as one graph\n" if len(report.graphs) <= 1 else "none reported\n"
+        return fallbacks or none
+    return "".join(f"break {i}: {b.where} in {b.code_name}()\n    {b.reason}\n"
+                   for i, b in enumerate(report.breaks)) + fallbacks
 
 
 # Guards on what the user controls; the rest (module types, hook dicts, identities of
@@ -85,11 +95,15 @@ KEY_GUARDS = ("TENSOR_MATCH", "CONSTANT_MATCH", "EQUALS_MATCH", "SEQUENCE_LENGTH
 
 
 def guards_text(report: CaptureReport, full: bool = False) -> str:
+    """The guards of each cache entry (our front end makes one per graph and resume point)."""
     if not report.guards:
         return "none\n"
-    shown = [g for g in report.guards if full or g.kind in KEY_GUARDS]
-    text = "".join(f"{g}\n" for g in shown)
-    hidden = len(report.guards) - len(shown)
+    text = ""
+    for e in report.entries:
+        if len(report.entries) > 1:
+            text += f"{e.code_name}() from offset {e.offset}:\n"
+        text += "".join(f"{g}\n" for g in e.guards if full or g.kind in KEY_GUARDS)
+    hidden = sum(1 for g in report.guards if not (full or g.kind in KEY_GUARDS))
     if hidden:
         text += f"... and {hidden} structural guard(s) (types, identities, hooks); --out DIR writes all to guards.txt\n"
     return text
@@ -107,16 +121,16 @@ def write_artifacts(report: CaptureReport, name: str, out_dir: str) -> list[str]
     write(os.path.join(out_dir, "summary.txt"), headline(report, name))
     write(os.path.join(out_dir, "breaks.txt"), breaks_text(report))
     write(os.path.join(out_dir, "guards.txt"), guards_text(report, full=True))
-    for rec in report.graphs:
-        gdir = os.path.join(out_dir, f"graph{rec.index}")
+    for i, rec in enumerate(report.graphs):
+        gdir = os.path.join(out_dir, f"graph{i}")
         os.makedirs(gdir, exist_ok=True)
         for stage in STAGES.values():
             if rec.compiled is None and stage.name != "graph":
                 continue
             filename, _ = stage_file(stage, rec.compiled)
-            write(os.path.join(gdir, filename), stage.render(rec.fx_graph, rec.compiled))
+            write(os.path.join(gdir, filename), stage.render(rec.graph, rec.compiled))
         if rec.compiled is not None:
-            paths.append(write_repro(rec.compiled, rec.example_inputs, gdir, f"graph {rec.index} of {name}"))
+            paths.append(write_repro(rec.compiled, rec.example_inputs, gdir, f"graph {i} of {name}"))
     return paths
 
 

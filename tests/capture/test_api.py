@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from capture_helpers import same
 from minicompile.capture import CaptureReport, CompiledModule, api, compile, explain
+from tests.helpers import same
 
 
 def test_decorator_forms():

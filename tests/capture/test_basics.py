@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from capture_helpers import check
+from tests.helpers import check_capture
 
 SCALE = 3.0
 
@@ -285,31 +285,31 @@ CASES = [
 
 @pytest.mark.parametrize("fn,args", CASES, ids=[c[0].__name__ for c in CASES])
 def test_single_graph(fn, args):
-    check(fn, *args, graphs=1, breaks=0)
+    check_capture(fn, *args, graphs=1, breaks=0)
 
 
 def test_star_args_and_kwargs():
-    check(f_star_args, t(3), t(3), t(3), scale=2.0, bias=1.0, graphs=1, breaks=0)
+    check_capture(f_star_args, t(3), t(3), t(3), scale=2.0, bias=1.0, graphs=1, breaks=0)
 
 
 @pytest.mark.parametrize("flag,mode", [(True, "sum"), (False, "mean")])
 def test_python_value_branches(flag, mode):
-    check(f_if_python_values, t(4), flag, mode=mode, graphs=1, breaks=0)
+    check_capture(f_if_python_values, t(4), flag, mode=mode, graphs=1, breaks=0)
 
 
 @pytest.mark.parametrize("bias", [None, 2.0])
 def test_none_default(bias):
-    check(f_none_default, t(4), bias, graphs=1, breaks=0)
+    check_capture(f_none_default, t(4), bias, graphs=1, breaks=0)
 
 
 def test_return_input_makes_no_graph():
-    check(f_return_input, t(2), t(3), graphs=0, breaks=0)
+    check_capture(f_return_input, t(2), t(3), graphs=0, breaks=0)
 
 
 def test_int_dtype_and_bool_ops():
     def f(x, m):
         return (x * 2) & 7, m | (x > 3), x.float().mean()
-    check(f, torch.arange(6), torch.tensor([True, False, True, False, True, False]), graphs=1, breaks=0)
+    check_capture(f, torch.arange(6), torch.tensor([True, False, True, False, True, False]), graphs=1, breaks=0)
 
 
 def fact(n, x):
@@ -367,7 +367,7 @@ MORE_CASES = [
 
 @pytest.mark.parametrize("fn,args", MORE_CASES, ids=[c[0].__name__ for c in MORE_CASES])
 def test_single_graph_more(fn, args):
-    check(fn, *args, graphs=1, breaks=0)
+    check_capture(fn, *args, graphs=1, breaks=0)
 
 
 class Cfg:

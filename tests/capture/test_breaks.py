@@ -6,8 +6,8 @@ import os
 import torch
 from torch import nn
 
-from capture_helpers import check, same
 from minicompile.capture import compile, explain
+from tests.helpers import check_capture, same
 
 
 def t(*shape):
@@ -21,7 +21,7 @@ def f_print(x):
 
 
 def test_print_two_graphs_prints_once_per_call(capsys):
-    report = check(f_print, t(3), graphs=2, breaks=1, calls=3)
+    report = check_capture(f_print, t(3), graphs=2, breaks=1, calls=3)
     assert "print" in report.breaks[0].reason
     assert report.breaks[0].where == f"{__file__}:{f_print.__code__.co_firstlineno + 2}"
     out = capsys.readouterr().out
@@ -47,7 +47,7 @@ def test_data_dependent_if_both_branches_across_calls():
     assert report.break_count == 1
     assert report.graph_count == 3        # before the if, then-branch, else-branch
     assert not report.recompiles          # each branch has its own resume entry
-    check(f_data_dependent_if, pos, graphs=2, breaks=1)
+    check_capture(f_data_dependent_if, pos, graphs=2, breaks=1)
 
 
 def f_item(x):
@@ -104,41 +104,41 @@ def f_two_breaks(x):
 
 
 def test_item_breaks():
-    report = check(f_item, t(4), graphs=2, breaks=1)
+    report = check_capture(f_item, t(4), graphs=2, breaks=1)
     assert "item" in report.breaks[0].reason
 
 
 def test_tolist_breaks():
     # tolist() of an input: nothing to compute before it, so only the graph after it
-    check(f_tolist, t(4), graphs=1, breaks=1)
+    check_capture(f_tolist, t(4), graphs=1, breaks=1)
 
 
 def test_unsupported_builtin_breaks():
-    report = check(f_unsupported_builtin, t(4), graphs=2, breaks=1)
+    report = check_capture(f_unsupported_builtin, t(4), graphs=2, breaks=1)
     assert "getpid" in report.breaks[0].reason
 
 
 def test_user_class_constructor_breaks():
-    check(f_user_class, t(4), graphs=2, breaks=1)
+    check_capture(f_user_class, t(4), graphs=2, breaks=1)
 
 
 def test_int_of_tensor_breaks():
-    check(f_int_of_tensor, torch.tensor([3.0, 1.0, 2.0, 5.0]), graphs=2, breaks=1)
+    check_capture(f_int_of_tensor, torch.tensor([3.0, 1.0, 2.0, 5.0]), graphs=2, breaks=1)
 
 
 def test_break_inside_inlined_helper_compiles_helper_separately(capsys):
     # outer: [x+1] break(call helper) [-1]; helper: [y?] break(print) [y*2]
-    report = check(f_break_in_helper, t(3), graphs=3, breaks=2)
+    report = check_capture(f_break_in_helper, t(3), graphs=3, breaks=2)
     assert capsys.readouterr().out.count("in helper") == 4
 
 
 def test_break_inside_loop():
     # each iteration resumes at the same offset with a different loop state: one entry each
-    check(f_break_in_loop, t(3), graphs=3, breaks=3, recompiles=2)
+    check_capture(f_break_in_loop, t(3), graphs=3, breaks=3, recompiles=2)
 
 
 def test_two_breaks():
-    check(f_two_breaks, t(3), graphs=3, breaks=2)
+    check_capture(f_two_breaks, t(3), graphs=3, breaks=2)
 
 
 def f_try_except(x):
@@ -161,12 +161,12 @@ def f_generator(x):
 
 
 def test_try_except_falls_back_to_fx():
-    report = check(f_try_except, t(3), graphs=0, breaks=0, fallbacks=1)
+    report = check_capture(f_try_except, t(3), graphs=0, breaks=0, fallbacks=1)
     assert report.fallbacks[0].kind == "fx" and "try/except" in report.fallbacks[0].reason
 
 
 def test_unmodeled_with_block_falls_back_to_eager():
-    report = check(f_with_block, t(3), graphs=0, breaks=0, fallbacks=1)
+    report = check_capture(f_with_block, t(3), graphs=0, breaks=0, fallbacks=1)
     assert report.fallbacks[0].kind == "eager"
     assert "with-block" in report.fallbacks[0].reason and report.fallbacks[0].where
 
@@ -188,7 +188,7 @@ def test_try_except_in_helper_is_a_break():
     def f(x):
         return helper(x * 2) + 1
 
-    report = check(f, t(3), graphs=2, breaks=1, fallbacks=1)
+    report = check_capture(f, t(3), graphs=2, breaks=1, fallbacks=1)
     assert "try/except" in report.breaks[0].reason
 
 
@@ -316,7 +316,7 @@ def test_nn_module_break_in_forward(capsys):
 
     m = M()
     x = t(2, 3)
-    check(m, x, graphs=2, breaks=1)
+    check_capture(m, x, graphs=2, breaks=1)
 
 
 def f_no_grad_block(x):
@@ -337,13 +337,13 @@ def f_no_grad_with_break(x):
 
 def test_no_grad_block_is_modeled():
     x = torch.randn(3, requires_grad=True)
-    check(f_no_grad_block, x, graphs=1, breaks=0)
+    check_capture(f_no_grad_block, x, graphs=1, breaks=0)
     assert torch.is_grad_enabled()
 
 
 def test_break_inside_no_grad_block():
     x = torch.randn(3, requires_grad=True)
-    check(f_no_grad_with_break, x, graphs=2, breaks=1)
+    check_capture(f_no_grad_with_break, x, graphs=2, breaks=1)
     assert torch.is_grad_enabled()
 
 
@@ -359,10 +359,10 @@ def f_dynamic_shape(x):
 
 
 def test_item_then_python_arithmetic_on_the_value():
-    report = check(f_item_then_loop, t(3), graphs=2, breaks=1)
+    report = check_capture(f_item_then_loop, t(3), graphs=2, breaks=1)
     assert report.ops_per_graph == [1, 2]
 
 
 def test_dynamic_output_shape_breaks():
-    report = check(f_dynamic_shape, t(6), graphs=2, breaks=1)
+    report = check_capture(f_dynamic_shape, t(6), graphs=2, breaks=1)
     assert "DynamicOutputShape" in report.breaks[0].reason

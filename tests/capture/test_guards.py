@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import minicompile
-from capture_helpers import same
 from minicompile.capture import compile
+from tests.helpers import same
 
 OFFSET = 1.0
 UNUSED = 5

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from capture_helpers import check, same
 from minicompile.capture import compile, explain
+from tests.helpers import check_capture, same
 
 
 def t(*shape):
@@ -124,7 +124,7 @@ def test_module_single_graph(cls, args):
     torch.manual_seed(0)
     m = cls().eval()
     with torch.no_grad():
-        check(m, *args, graphs=1, breaks=0)
+        check_capture(m, *args, graphs=1, breaks=0)
 
 
 def test_convnet_eval_and_train():
@@ -132,7 +132,7 @@ def test_convnet_eval_and_train():
     m = ConvNet().eval()
     x = t(2, 3, 8, 8)
     with torch.no_grad():
-        check(m, x, graphs=1, breaks=0)
+        check_capture(m, x, graphs=1, breaks=0)
     m.train()
     cm = compile(m)
     expected_model = ConvNet()

@@ -6,11 +6,7 @@ import torch
 from minicompile.pipeline import compile_graph
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _compiled(fn):

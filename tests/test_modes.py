@@ -18,7 +18,7 @@ from minicompile.pipeline import CompiledGraph
 from minicompile.runtime import autotune, cudagraphs, host_pool
 from minicompile.runtime.cudagraphs import CUDAGraphRunner, copy_in, fresh_outputs, signature
 from minicompile.runtime.triton_launch import TritonKernelLauncher
-from tests.conftest import assert_close_like_eager
+from tests.helpers import assert_matches_eager
 
 MODE_NAMES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -43,7 +43,7 @@ def test_every_mode_is_accepted_and_matches_eager(mode, fresh_dynamo, tmp_path):
     with patch(cache_dir=str(tmp_path)):
         fn = torch.compile(small_graph, backend="minicompile", mode=mode)
         for _ in range(2):
-            assert_close_like_eager(fn(x, y), small_graph(x, y))
+            assert_matches_eager(fn(x, y), small_graph(x, y))
 
 
 def test_an_unknown_mode_is_an_error_listing_the_valid_ones(fresh_dynamo):
@@ -69,7 +69,7 @@ def test_reduce_overhead_on_cpu_is_logged_once_and_changes_nothing(caplog):
         for fn in (lambda t: t + 1, lambda t: t * 2, lambda t: t - 3):
             compiled = minicompile_backend(traced(fn), [x], mode="reduce-overhead")
             assert isinstance(compiled, CompiledGraph) and not isinstance(compiled.run, CUDAGraphRunner)
-            assert_close_like_eager(compiled(x), fn(x))
+            assert_matches_eager(compiled(x), fn(x))
     notes = [r for r in caplog.records if "CUDA graphs" in r.getMessage()]
     assert len(notes) == 1 and "no effect on CPU" in notes[0].getMessage()
 
@@ -109,7 +109,7 @@ def test_options_apply_to_their_graph_only():
     plain = minicompile_backend(traced(lambda t: t.exp() + 2), [x])
     assert "omp parallel" in threaded.kernel_source and "omp parallel" not in plain.kernel_source
     assert config.parallel_threshold == before
-    assert_close_like_eager(threaded(x), x.exp() + 1)
+    assert_matches_eager(threaded(x), x.exp() + 1)
 
 
 def test_call_time_knobs_apply_while_the_graph_runs():
@@ -119,7 +119,7 @@ def test_call_time_knobs_apply_while_the_graph_runs():
     held = host_pool.held_bytes()
     out = fn(x)
     assert host_pool.held_bytes() == held  # the pool was off for this call
-    assert_close_like_eager(out, x * 2)
+    assert_matches_eager(out, x * 2)
     kept = minicompile_backend(traced(lambda t: t * 3), [x])
     kept(x)
     assert host_pool.held_bytes() > held   # ...and only for that graph
@@ -130,7 +130,7 @@ def test_options_reach_graphs_compiled_per_shape(fresh_dynamo):
                        options={"parallel_threshold": 1})
     for n in (3, 5, 9):
         x = torch.randn(n, 16)
-        assert_close_like_eager(fn(x), (x.sin() * 2).sum(-1))
+        assert_matches_eager(fn(x), (x.sin() * 2).sum(-1))
 
 
 # -- max-autotune on CPU ------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_max_autotune_times_variants_on_copies_and_caches_the_winner(tmp_path, m
         out = fn(x, y)
         assert len(timed) == 1 and len(timed[0]) >= 2 and "defaults" in timed[0]
         torch.testing.assert_close(x, x0 + 1)  # timing ran on copies: x was bumped once, by the call
-        assert_close_like_eager(out, bump_and_scale(x0.clone(), y))
+        assert_matches_eager(out, bump_and_scale(x0.clone(), y))
         stored = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "cpu-autotune") for f in fs
                   if f == "choice.json"]
         assert len(stored) == 1
@@ -159,7 +159,7 @@ def test_max_autotune_times_variants_on_copies_and_caches_the_winner(tmp_path, m
         monkeypatch.setattr(autotune, "fastest", lambda *a: pytest.fail("timed again"))
         torch._dynamo.reset()
         fn = torch.compile(bump_and_scale, backend="minicompile", mode="max-autotune")
-        assert_close_like_eager(fn(x.clone(), y), bump_and_scale(x.clone(), y))
+        assert_matches_eager(fn(x.clone(), y), bump_and_scale(x.clone(), y))
 
 
 class CountingLinear(torch.nn.Module):
@@ -181,7 +181,7 @@ def test_modes_leave_module_state_as_eager_leaves_it(mode, fresh_dynamo, tmp_pat
     with torch.no_grad(), patch(cache_dir=str(tmp_path)):
         fn = torch.compile(model, backend="minicompile", mode=mode)
         for _ in range(3):
-            assert_close_like_eager(fn(x), ref(x), atol=1e-4, rtol=1e-4)
+            assert_matches_eager(fn(x), ref(x), atol=1e-4, rtol=1e-4)
     assert model.calls.item() == ref.calls.item() == 3  # max-autotune's timing ran on copies
 
 
@@ -276,11 +276,11 @@ def test_runner_copies_inputs_in_writes_mutations_back_and_hands_out_fresh_outpu
     for _ in range(3):
         mine, ref, y = x.clone(), x.clone(), torch.randn_like(y)
         out = runner((mine, y))
-        assert_close_like_eager(out, bump_and_scale(ref, y))
+        assert_matches_eager(out, bump_and_scale(ref, y))
         torch.testing.assert_close(mine, ref)  # the mutation reached the caller's tensor
         kept.append((out, bump_and_scale(x.clone(), y)))
     for out, ref in kept:                      # later replays did not overwrite earlier outputs
-        assert_close_like_eager(out, ref)
+        assert_matches_eager(out, ref)
     assert len(replay_on_cpu) == 1 and replay_on_cpu[0].replays == 3
 
 
@@ -310,7 +310,7 @@ def test_reduce_overhead_replays_and_matches_eager():
     c = cuda_backend(small_graph, x, y, mode="reduce-overhead")
     for _ in range(3):
         x, y = torch.randn_like(x), torch.randn_like(y)
-        assert_close_like_eager(c(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
+        assert_matches_eager(c(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
     assert len(c.run.recordings) == 1 and c.run.failed is None
 
 
@@ -328,7 +328,7 @@ def test_reduce_overhead_with_dynamic_shapes_matches_eager(fresh_dynamo):
     fn = torch.compile(small_graph, backend="minicompile", mode="reduce-overhead", dynamic=True)
     for n in (8, 24, 8, 40):
         x, y = torch.randn(n, 64, device="cuda"), torch.randn(n, 64, device="cuda")
-        assert_close_like_eager(fn(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
+        assert_matches_eager(fn(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
 
 
 @gpu
@@ -357,7 +357,7 @@ def test_mutated_inputs_are_written_back_to_the_callers_tensors():
     c = cuda_backend(bump_and_scale, x.clone(), y, mode="reduce-overhead")
     for _ in range(3):
         mine, ref = x.clone(), x.clone()
-        assert_close_like_eager(c(mine, y), bump_and_scale(ref, y), atol=1e-4, rtol=1e-4)
+        assert_matches_eager(c(mine, y), bump_and_scale(ref, y), atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(mine, ref)
 
 
@@ -367,4 +367,4 @@ def test_max_autotune_on_gpu_matches_eager(mode, fresh_dynamo):
     x, y = torch.randn(64, 300, device="cuda"), torch.randn(64, 300, device="cuda")
     fn = torch.compile(small_graph, backend="minicompile", mode=mode)
     for _ in range(2):
-        assert_close_like_eager(fn(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)
+        assert_matches_eager(fn(x, y), small_graph(x, y), atol=1e-4, rtol=1e-4)

@@ -7,7 +7,7 @@ import torch
 from minicompile.codegen import BACKENDS
 from minicompile.config import patch
 from minicompile.pipeline import compile_graph
-from tests.conftest import assert_close_like_eager
+from tests.helpers import assert_matches_eager
 
 
 def mlp_step(x, w):
@@ -37,7 +37,7 @@ def test_kernels_externs_and_the_graph_are_named_events(profiler):
     c = compiled(mlp_step, x, w)
     assert c.num_kernels >= 1 and [e.op for e in c.externs] == ["aten::mm"]  # its event: aten.mm.default
     out, events = profiled_events(c, x, w, profiler=profiler)
-    assert_close_like_eager(out, mlp_step(x, w))
+    assert_matches_eager(out, mlp_step(x, w))
     names = [e.name for e in events]
     graph = [e for e in events if e.name.startswith("minicompile_graph_")]
     assert len(graph) == 1, names
@@ -62,15 +62,15 @@ def test_without_a_profiler_the_plain_call_checks_one_flag():
     plain = c.wrapper_source.split("def call_profiled")[0].split("def call(args):")[1]
     assert plain.count("_is_profiler_enabled") == 1 and "record_function" not in plain
     x, w = torch.randn(4, 8), torch.randn(8, 4)
-    assert_close_like_eager(c(x, w), mlp_step(x, w))
+    assert_matches_eager(c(x, w), mlp_step(x, w))
 
 
 def test_torch_compile_graph_shows_its_kernels_in_the_profiler(fresh_dynamo):
     x, w = torch.randn(16, 8), torch.randn(8, 32)
     fn = torch.compile(mlp_step, backend="minicompile")
-    assert_close_like_eager(fn(x, w), mlp_step(x, w))  # compiled outside the profiled region
+    assert_matches_eager(fn(x, w), mlp_step(x, w))  # compiled outside the profiled region
     out, events = profiled_events(fn, x, w)
-    assert_close_like_eager(out, mlp_step(x, w))
+    assert_matches_eager(out, mlp_step(x, w))
     names = [e.name for e in events]
     assert any(n.startswith("minicompile_graph_") for n in names), names
     assert any(n.startswith("kernel") and n.endswith(("_sum", "_pointwise")) for n in names), names
@@ -84,5 +84,5 @@ def test_triton_kernels_are_named_events_too():
         c = compiled(lambda t: (t.sin() + 1).sum(-1), x)
     assert c.backend == "triton"
     out, events = profiled_events(c, x)
-    assert_close_like_eager(out, (x.sin() + 1).sum(-1))
+    assert_matches_eager(out, (x.sin() + 1).sum(-1))
     assert {k.name for k in c.schedule.kernels} <= {e.name for e in events}

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
 from minicompile.config import config
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
@@ -122,6 +123,8 @@ class GraphLowering:
         if node.target is operator.getitem:
             return args[0][args[1]]
         reason = _unsupported_dtype(node)
+        if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
+            return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
         lowering = LOWERINGS.get(node.target)
         if lowering is None and reason is None:
             reason = f"no lowering for {_op_name(node.target)}"

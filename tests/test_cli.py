@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from minicompile.pipeline import _last_frame
+from minicompile.lowering.graph import _last_frame
 
 
 def test_source_lines_drop_caret_markers():

@@ -2,9 +2,8 @@
 
 A backend is an object with
     name: str
-    pass_pointers: bool      wrapper passes ``t.data_ptr()`` (True) or the tensors (False)
-    row_scratch: bool        keeps per-row values read by a later loop in a row-sized array
-    generate(schedule, buffers, storage, sources) -> GeneratedKernels
+    caps: BackendCaps        what it can do (scheduler/caps.py); the pipeline hands it to schedule()
+    generate(graph, plan) -> GeneratedKernels     (ir.LoopGraph, scheduler.Schedule)
     load(generated) -> object with one callable attribute per kernel name
 registered in BACKENDS under its name. The pipeline picks one by device and config.
 """
@@ -15,7 +14,10 @@ from dataclasses import dataclass
 
 from minicompile.codegen.cpp import CppKernel, generate_cpp
 from minicompile.codegen.triton import TritonBackend
+from minicompile.ir.graph import LoopGraph
 from minicompile.runtime.cpp_build import load as load_cpp
+from minicompile.scheduler.caps import BackendCaps
+from minicompile.scheduler.fusion import Schedule
 
 
 @dataclass
@@ -27,13 +29,13 @@ class GeneratedKernels:
 
 class CppBackend:
     name = "cpp"
-    pass_pointers = True
-    row_scratch = True
+    caps = BackendCaps(row_scratch=True, pass_pointers=True)
 
-    def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
-        kernels = {k.name: CppKernel(k, buffers, storage, sources) for k in schedule.kernels}
+    def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
+        buffers, storage = graph.by_name, graph.mutations
+        kernels = {k.name: CppKernel(k, buffers, storage, graph.sources) for k in plan.kernels}
         args = {name: [p for p, _, _ in ck.args()] for name, ck in kernels.items()}
-        return GeneratedKernels(generate_cpp(schedule, buffers, storage, sources), args, "cpp")
+        return GeneratedKernels(generate_cpp(plan, buffers, storage, graph.sources), args, "cpp")
 
     def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:

@@ -26,6 +26,7 @@ from minicompile.ir.expr import Expr, Indirect, Var, atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 from minicompile.runtime.triton_launch import load as load_triton
+from minicompile.scheduler.caps import BackendCaps
 
 _R = TritonRenderer()
 INT32_LIMIT = 2 ** 31 - 1
@@ -392,11 +393,13 @@ class TritonGenerated:
 
 class TritonBackend:
     name = "triton"
-    pass_pointers = False  # the wrapper passes tensors; Triton takes their data pointers
-    row_scratch = False    # a persistent row is in registers anyway; a looped one re-reads memory
+    # The wrapper passes tensors (Triton takes their data pointers); no row scratch: a
+    # persistent row is in registers anyway, a looped one re-reads memory.
+    caps = BackendCaps(row_scratch=False, pass_pointers=False)
 
-    def generate(self, schedule, buffers, storage, sources) -> TritonGenerated:
-        source, args, _ = generate_triton(schedule, buffers, storage, sources)
+    def generate(self, graph, plan) -> TritonGenerated:
+        buffers = graph.by_name
+        source, args, _ = generate_triton(plan, buffers, graph.mutations, graph.sources)
         devices = {b.layout.device.type for b in buffers.values() if b.layout is not None}
         return TritonGenerated(source, args, "python", interpret="cuda" not in devices)
 

@@ -10,7 +10,7 @@ A body calls only these methods; a handler decides what they mean:
     indirect(x, size) -> Expr                          a loaded value used as an index
 
 ``dtype`` on pointwise is the result dtype. Handlers here: PrintOps (the readable form of a
-body), RecordOps (which buffers a body reads and at which index). Backends add their own.
+body; ir/graph.py prints every buffer with it), RecordOps (which buffers a body reads and at which index). Backends add their own.
 """
 from __future__ import annotations
 
@@ -61,7 +61,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class PrintOps:
-    """Renders a body as readable Python-like lines: ``tmp3 = ops.exp(tmp2)``."""
+    """Renders a body as readable Python-like lines: ``tmp3 = ops.exp(tmp2)``.
+
+    Loads name their buffer and index, casts and constants their dtype. ``reduction`` is not
+    part of the contract bodies call: the printer uses it to show what a Reduction accumulates.
+    """
 
     def __init__(self):
         self.lines: list[str] = []
@@ -92,6 +96,9 @@ class PrintOps:
     def indirect(self, x, size):
         name = self._emit(f"ops.indirect({x}, {size})")
         return Expr.of(Indirect(name, size))
+
+    def reduction(self, kind, value):
+        return self._emit(f"ops.reduction({kind!r}, {value})")
 
 
 @dataclass(frozen=True)

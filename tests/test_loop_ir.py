@@ -15,6 +15,7 @@ from minicompile.config import patch
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel
 from minicompile.pipeline import compile_graph
+from minicompile.report.artifacts import aten_graph_text
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.fusion import ExternStep, schedule
 
@@ -104,7 +105,6 @@ def test_non_contiguous_buffers_print_their_strides():
 
 
 def test_aten_graph_is_stamped_with_its_passes(softmax_graph):
-    from minicompile.report.artifacts import aten_graph_text
     head = aten_graph_text(softmax_graph).splitlines()[0]
     assert head.startswith("# Constructed by trace_inference: lift ")
     for name in ("functionalize", "dce", "fold_gelu", "restride", "alias_outputs"):

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=CONVENTION)
     ins.add_argument("target", metavar="TARGET", help="script.py or module:callable (see below)")
     ins.add_argument("--stages", default="all",
-                     help="comma-separated stages to print: breaks, guards, graph, aten, fusion, kernels, "
+                     help="comma-separated stages to print: breaks, guards, graph, aten, ir, fusion, kernels, "
                           "wrapper (default: all)")
     ins.add_argument("--out", metavar="DIR", help="also write every artifact, and a reproducer per graph, to DIR")
     ins.add_argument("--frontend", default="dynamo", metavar="NAME",

@@ -60,7 +60,7 @@ class Config:
     # eager's fused flash kernel as an extern call; smaller ones use the math form. 0: always math.
     fused_attention_min_scores: int = _env("MINICOMPILE_FUSED_ATTENTION_MIN_SCORES", 1 << 18, int)
     # CPU float32 products x @ W.t() (+ bias) with at most this many rows and a weight of at least
-    # onednn_linear_min_weight elements run as oneDNN's linear (decomp/linalg.py); 0: always MKL's mm.
+    # onednn_linear_min_weight elements run as oneDNN's linear (aot/cpu_policy.py); 0: always MKL's mm.
     onednn_linear_max_rows: int = _env("MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS", 256, int)
     onednn_linear_min_weight: int = _env("MINICOMPILE_ONEDNN_LINEAR_MIN_WEIGHT", 1 << 22, int)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this

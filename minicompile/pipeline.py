@@ -1,11 +1,11 @@
 """The compile pipeline, one pass per line: FX graph -> ATen -> loop IR -> kernels -> callable.
 
-    gm, attrs = lift_attributes(gm)                  aot/: parameters/state become inputs
-    aten_gm  = trace_inference(gm, example_inputs)   aot/ + decomp/ (fake tensors only)
-    lowered  = GraphLowering(aten_gm).run()          lowering/ -> ir/
-    plan     = schedule(lowered)                     scheduler/
-    code     = generate(lowered, plan)               codegen/ (C++ or Triton, and the wrapper)
-    compiled = load(code)                            runtime/
+    aten  = trace(gm, example_inputs)        aot/ + decomp/: ATEN_PASSES (aot/passes.py), fake tensors only
+    be    = pick_backend(aten)               codegen/: C++ on CPU, Triton on CUDA
+    loops = lower(aten, row_scratch)         lowering/ -> ir.LoopGraph (see lower() for row_scratch)
+    plan  = schedule(loops, be.caps)         scheduler/
+    code  = generate(be, loops, plan)        codegen/: kernels and the host wrapper
+    run   = load(code)                       runtime/
 
 Every stage's artifact is kept on the CompiledGraph and prints readably.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import linecache
 import logging
-import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,12 +21,12 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from minicompile.aot import lift_attributes, trace_inference
+from minicompile.aot.passes import COMPILE_PASSES, trace_inference
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
-from minicompile.ir.nodes import ComputedBuffer, InputBuffer, StorageView
-from minicompile.lowering import GraphLowering
+from minicompile.ir.graph import LoopGraph
+from minicompile.lowering import lower
 from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
 from minicompile.report import artifacts
@@ -45,7 +43,7 @@ _trace_lock = threading.Lock()
 class CompiledGraph:
     """A compiled FX graph: call it like the graph; every stage's artifact is kept."""
     aten_graph: torch.fx.GraphModule
-    lowering: GraphLowering
+    loop_graph: LoopGraph
     schedule: Schedule
     kernel_source: str
     wrapper_source: str
@@ -73,7 +71,7 @@ class CompiledGraph:
 
     @property
     def externs(self):
-        return self.lowering.externs
+        return self.loop_graph.externs
 
     def explain(self) -> str:
         lines = [f"{self.num_kernels} kernel(s), {len(self.externs)} extern call(s), backend {self.backend}"]
@@ -82,43 +80,52 @@ class CompiledGraph:
         return "\n".join(lines)
 
 
+class StageTimer:
+    """``t(name, fn, *args)`` runs one pass and records its wall time under ``name``."""
+
+    def __init__(self):
+        self.timings: dict = {}
+
+    def __call__(self, name: str, fn: Callable, *args, **kwargs):
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self.timings[name] = time.perf_counter() - t0
+        return result
+
+
+@dataclass
+class Code:
+    """What code generation hands the runtime: the kernels' module and the host wrapper."""
+    kernels: Any                # the backend's generated-kernels value (source, kernel_args, language)
+    wrapper_source: str
+    wrapper_refs: list          # ops and odd constants the wrapper refers to as externs[k]
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
-    timings = {}
-    t0 = time.perf_counter()
-
-    def stamp(name):
-        nonlocal t0
-        now = time.perf_counter()
-        timings[name] = now - t0
-        t0 = now
-
+    t = StageTimer()
     out_spec = _output_spec(gm)
-    gm, lifted = lift_attributes(gm)
-    with _trace_lock:
-        aten_gm = trace_inference(gm, list(example_inputs) + list(lifted))
-    stamp("trace")
-    backend = BACKENDS[_pick_backend(aten_gm)]
-    row_scratch = getattr(backend, "row_scratch", False)
-    lowered = GraphLowering(aten_gm, sources=_sources(aten_gm), compute_expensive_once=row_scratch).run()
-    stamp("lower")
-    plan = schedule(lowered, row_scratch=row_scratch)
-    stamp("schedule")
-    storage = {b.name: b.mutates for b in lowered.buffers if isinstance(b, ComputedBuffer) and b.mutates}
-    buffers = {b.name: b for b in lowered.buffers}
-    buffers.update({b.name: b for b in lowered.inputs})
-    buffers.update({b.name: b for b in lowered.constant_buffers})
-    kernels = backend.generate(plan, buffers, storage, lowered.sources)
-    wrapper = WrapperCode(lowered, plan, storage, kernels.kernel_args, backend.pass_pointers)
-    wrapper_source = wrapper.generate()
-    stamp("codegen")
-    lib = backend.load(kernels)
-    stamp("build")
-    run = _load_wrapper(wrapper_source, lib, wrapper.externs, lowered.constants)
-    stamp("load")
-    compiled = CompiledGraph(aten_gm, lowered, plan, kernels.source, wrapper_source, backend.name, run,
-                             out_spec, timings, lifted)
+    aten = t("trace", _trace, gm, list(example_inputs))            # aot/ + decomp/ (ATEN_PASSES)
+    be = BACKENDS[_pick_backend(aten)]
+    loops = t("lower", lower, aten, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
+    plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
+    code = t("codegen", _generate, be, loops, plan)                 # codegen/
+    lib = t("build", be.load, code.kernels)                         # runtime/
+    run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
+    compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
+                             out_spec, t.timings, aten.meta["lifted"])
     _debug_dump(compiled, gm)
     return compiled
+
+
+def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    with _trace_lock:
+        return trace_inference(gm, example_inputs, COMPILE_PASSES)
+
+
+def _generate(backend, loops: LoopGraph, plan: Schedule) -> Code:
+    kernels = backend.generate(loops, plan)
+    wrapper = WrapperCode(loops, plan, kernels.kernel_args)
+    return Code(kernels, wrapper.generate(), wrapper.externs)
 
 
 def _pick_backend(gm: torch.fx.GraphModule) -> str:
@@ -130,31 +137,6 @@ def _pick_backend(gm: torch.fx.GraphModule) -> str:
             raise NotImplementedError("this graph needs the Triton code generator, which is not available")
         return "triton"
     return "cpp"
-
-
-def _sources(gm) -> dict:
-    """FX node name -> "file.py:LINE: code", the user's source line it came from (when recorded)."""
-    out = {}
-    for node in gm.graph.nodes:
-        trace = node.meta.get("stack_trace")
-        if trace:
-            out[node.name] = _last_frame(trace)
-    return out
-
-
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
-
-
-def _last_frame(trace: str) -> str:
-    # A traceback frame is 'File "f.py", line N, in fn' + the code line, and since Python
-    # 3.11 often a '^^^^' marker line, which says nothing to a reader of kernel headers.
-    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
-    for k in range(len(lines) - 1, -1, -1):
-        m = _FRAME.search(lines[k])
-        if m:
-            code = lines[k + 1] if k + 1 < len(lines) else ""
-            return f"{os.path.basename(m['file'])}:{m['line']}: {code}".rstrip(": ")
-    return lines[-1] if lines else ""
 
 
 def _output_spec(gm):

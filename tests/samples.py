@@ -32,7 +32,6 @@ def samples(dtype: torch.dtype) -> list[Sample]:
     out = [
         # linalg
         sample("addmm", aten.addmm.default, (T(5), T(3, 4), T(4, 5, noncontig=True))),
-        sample("mm_weight", aten.mm.default, (T(3, 4), T(5, 4).t())),
         sample("addmm_beta_alpha", aten.addmm.default, (T(3, 5), T(3, 4), T(4, 5)), dict(beta=0.5, alpha=2.0)),
         sample("addmm_beta0_nan", aten.addmm.default, (torch.full((3, 5), float("nan"), dtype=dtype), T(3, 4), T(4, 5)), dict(beta=0)),
         sample("baddbmm", aten.baddbmm.default, (T(2, 3, 5), T(2, 3, 4), T(2, 4, 5)), dict(beta=0.5, alpha=1.5)),

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from minicompile.cli import main
-from minicompile.pipeline import _last_frame
+from minicompile.lowering.graph import _last_frame
 from tests.helpers import subprocess_env
 
 

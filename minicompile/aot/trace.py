@@ -1,12 +1,11 @@
-"""Inference tracing: a captured FX graph -> one functional ATen graph, via our table.
+"""The ATen-graph passes of inference tracing: a captured FX graph -> one functional ATen graph.
 
-    traced = trace_inference(gm, example_inputs)
-
-The traced GraphModule takes the same inputs as ``gm`` and returns the same output
-structure (Dynamo graphs return a flat tuple; a single tensor, a list, or None entries
-come back as they went in). It contains only ATen ops (plus ``operator.getitem`` on
-multi-output ops), with our decompositions applied, and is functional except for one
-documented exception:
+Each pass is ``(gm, ctx: PassContext) -> gm``; aot/passes.py lists them in order
+(ATEN_PASSES) and ``trace_inference`` runs the list. The traced GraphModule takes the same
+inputs as ``gm`` (plus, after ``lift``, one per tensor attribute) and returns the same output
+structure (Dynamo graphs return a flat tuple; a single tensor, a list, or None entries come
+back as they went in). It contains only ATen ops (plus ``operator.getitem`` on multi-output
+ops), with our decompositions applied, and is functional except for one documented exception:
 
     input mutation: ``x.add_(1)`` on a graph input ``x`` is traced as the out-of-place
     ``aten.add`` and, at the very end of the graph (before the output node), an
@@ -21,6 +20,7 @@ ops, or a python/Sym int for int inputs).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -30,45 +30,118 @@ import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from minicompile.aot.cpu_policy import CPU_CLAIMS
 from minicompile.aot.custom_ops import functionalize_custom_ops
+from minicompile.aot.lift import lift_attributes
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
-from minicompile.decomp.linalg import fold_gelu_into_onednn_linear
 
 aten = torch.ops.aten
 
 
-def trace_inference(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
-    """Trace ``gm`` (called with ``example_inputs``) to a functional, decomposed ATen graph.
+@dataclass
+class PassContext:
+    """What the passes share: the example inputs and the fake tensors they are traced as."""
+    inputs: list                                   # real tensors, FakeTensors, python ints or SymInts
+    lifted: tuple = ()                             # tensor attributes ``lift`` made inputs, in order
+    fake_mode: FakeTensorMode | None = None
+    fake_inputs: list = field(default_factory=list)
+    symbolic: bool = False
 
-    ``example_inputs`` may be real tensors, FakeTensors of one existing FakeTensorMode
-    (e.g. Dynamo's), python ints or SymInts. Runs without autograd: only call it when no
-    gradients are needed.
+
+def lift(gm, ctx: PassContext):
+    """Tensor attributes (parameters, buffers, optimizer state) become trailing inputs (aot/lift.py)."""
+    gm, ctx.lifted = lift_attributes(gm)
+    ctx.inputs = list(ctx.inputs) + list(ctx.lifted)
+    return gm
+
+
+def custom_ops(gm, ctx: PassContext):
+    """Mutating custom ops become their functional extern twins (aot/custom_ops.py)."""
+    return functionalize_custom_ops(gm)
+
+
+def functionalize(gm, ctx: PassContext):
+    """make_fx + torch.func.functionalize with our decomposition table: FX graph -> ATen graph.
+
+    ``ctx.inputs`` may be real tensors, FakeTensors of one existing FakeTensorMode (e.g.
+    Dynamo's), python ints or SymInts; runs without autograd.
     """
-    fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
-    fake_inputs = [_to_fake(fake_mode, x) for x in example_inputs]
-    symbolic = any(_is_symbolic(x) for x in fake_inputs)
-
-    gm = functionalize_custom_ops(gm)
+    ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
+    ctx.fake_inputs = [_to_fake(ctx.fake_mode, x) for x in ctx.inputs]
+    ctx.symbolic = any(_is_symbolic(x) for x in ctx.fake_inputs)
 
     def run_graph(*args):
         # node by node, so each ATen node inherits its source node's stack trace
         return torch.fx.Interpreter(gm).run(*args)
 
-    with torch.no_grad(), _real_constants_allowed(fake_mode), torch.fx.traceback.preserve_node_meta():
-        traced = _make_fx(torch.func.functionalize(run_graph, remove="mutations"), fake_inputs, symbolic)
-        rewritten = _functionalize_leftover_inplace(traced)
-        if any(op in DECOMPOSITIONS for op in rewritten):
-            # e.g. masked_fill_ became masked_fill, which decomposes to where: trace again.
-            traced = _make_fx(torch.fx.Interpreter(traced).run, fake_inputs, symbolic)
-    traced.graph.eliminate_dead_code()
-    fold_gelu_into_onednn_linear(traced)
-    _add_missing_input_meta(traced, fake_inputs, fake_mode)
-    traced.recompile()
-    _check_meta(traced)
-    restride_elementwise(traced, fake_mode)
-    alias_mutated_outputs(traced, fake_mode)
-    return traced
+    with _tracing(ctx):
+        return _make_fx(torch.func.functionalize(run_graph, remove="mutations"), ctx)
+
+
+def leftover_inplace(gm, ctx: PassContext):
+    """In-place ops on intermediates that composite kernels left -> out-of-place (then re-decompose)."""
+    rewritten = _functionalize_leftover_inplace(gm)
+    if not any(op in DECOMPOSITIONS for op in rewritten):
+        return gm
+    # e.g. masked_fill_ became masked_fill, which decomposes to where: trace again.
+    with _tracing(ctx):
+        return _make_fx(torch.fx.Interpreter(gm).run, ctx)
+
+
+def dce(gm, ctx: PassContext):
+    gm.graph.eliminate_dead_code()
+    return gm
+
+
+def input_meta(gm, ctx: PassContext):
+    _add_missing_input_meta(gm, ctx.fake_inputs, ctx.fake_mode)
+    gm.recompile()
+    return gm
+
+
+def check_meta(gm, ctx: PassContext):
+    _check_meta(gm)
+    return gm
+
+
+def restride(gm, ctx: PassContext):
+    """Elementwise nodes' meta['val'] get the strides eager's TensorIterator picks (aot/strides.py)."""
+    restride_elementwise(gm, ctx.fake_mode)
+    return gm
+
+
+def alias_outputs(gm, ctx: PassContext):
+    alias_mutated_outputs(gm, ctx.fake_mode)
+    return gm
+
+
+@contextlib.contextmanager
+def _tracing(ctx: PassContext):
+    with torch.no_grad(), _real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
+        yield
+
+
+def trace_table() -> dict:
+    """Our decomposition table with the CPU backend's claims layered on (aot/cpu_policy.py).
+
+    Built per trace from the live tables: a claim that declines (returns None) defers to
+    the device-neutral decomposition registered now.
+    """
+    table = dict(DECOMPOSITIONS)
+    for op, claim in CPU_CLAIMS.items():
+        table[op] = _claimed(op, claim)
+    return table
+
+
+def _claimed(op, claim):
+    def decompose(*args, **kwargs):
+        out = claim(*args, **kwargs)
+        if out is not None:
+            return out
+        neutral = DECOMPOSITIONS.get(op)
+        return NotImplemented if neutral is None else neutral(*args, **kwargs)
+    return decompose
 
 
 @contextlib.contextmanager
@@ -86,14 +159,14 @@ def _real_constants_allowed(fake_mode: FakeTensorMode):
         fake_mode.allow_non_fake_inputs = saved
 
 
-def _make_fx(fn, fake_inputs, symbolic: bool) -> torch.fx.GraphModule:
+def _make_fx(fn, ctx: PassContext) -> torch.fx.GraphModule:
     # "symbolic" reuses the inputs' ShapeEnv and turns on the Python dispatcher, which
     # some decompositions of dynamic shapes need; with static inputs "fake" is enough.
     return make_fx(
         fn,
-        decomposition_table=DECOMPOSITIONS,
-        tracing_mode="symbolic" if symbolic else "fake",
-    )(*fake_inputs)
+        decomposition_table=trace_table(),
+        tracing_mode="symbolic" if ctx.symbolic else "fake",
+    )(*ctx.fake_inputs)
 
 
 def _to_fake(fake_mode: FakeTensorMode, x):

@@ -2,9 +2,8 @@
 
 A backend is an object with
     name: str
-    pass_pointers: bool      wrapper passes ``t.data_ptr()`` (True) or the tensors (False)
-    row_scratch: bool        keeps per-row values read by a later loop in a row-sized array
-    generate(schedule, buffers, storage, sources) -> GeneratedKernels (codegen/common.py)
+    caps: BackendCaps        what it can do (scheduler/caps.py); the pipeline hands it to schedule()
+    generate(graph, plan) -> GeneratedKernels     (ir.LoopGraph, scheduler.Schedule; codegen/common.py)
     load(generated) -> object with one callable attribute per kernel name
 defined next to its generator and registered in BACKENDS under its name. The pipeline picks
 one by device and config.

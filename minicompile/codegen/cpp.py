@@ -20,9 +20,12 @@ from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelR
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import atoms_of
+from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp
+from minicompile.scheduler.caps import BackendCaps
+from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
@@ -425,14 +428,15 @@ def _nest(headers: list, body: list) -> list:
 class CppBackend:
     """C++ on the CPU: every kernel of a graph in one translation unit, called through ctypes."""
     name = "cpp"
-    pass_pointers = True  # the wrapper passes ``t.data_ptr()``
-    row_scratch = True    # a per-row value read by a later loop is kept in a row-sized array
+    # The wrapper passes ``t.data_ptr()``; a per-row value read by a later loop is kept in a
+    # row-sized array.
+    caps = BackendCaps(row_scratch=True, pass_pointers=True)
 
-    def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
+    def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel."""
         parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
-        for kernel in schedule.kernels:
-            ck = CppKernel(kernel, buffers, storage, sources)
+        for kernel in plan.kernels:
+            ck = CppKernel(kernel, graph.by_name, graph.mutations, graph.sources)
             parts += [ck.render(), ""]
             args[kernel.name] = [a.name for a in ck.args]
         return GeneratedKernels("\n".join(parts), args, "cpp")

@@ -26,6 +26,7 @@ from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import BOOL_RESULT, compute_dtype
 from minicompile.runtime.triton_launch import load as load_triton
+from minicompile.scheduler.caps import BackendCaps
 
 _R = TritonRenderer()
 INT32_LIMIT = 2 ** 31 - 1
@@ -325,14 +326,16 @@ def _unravel(flat: str, variables, ranges) -> list:
 class TritonBackend:
     """Triton: every kernel of a graph in one Python module, launched by runtime/triton_launch.py."""
     name = "triton"
-    pass_pointers = False  # the wrapper passes tensors; Triton takes their data pointers
-    row_scratch = False    # a persistent row is in registers anyway; a looped one re-reads memory
+    # The wrapper passes tensors (Triton takes their data pointers); no row scratch: a
+    # persistent row is in registers anyway, a looped one re-reads memory.
+    caps = BackendCaps(row_scratch=False, pass_pointers=False)
 
-    def generate(self, schedule, buffers, storage, sources) -> GeneratedKernels:
+    def generate(self, graph, plan) -> GeneratedKernels:
         """The prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
+        buffers = graph.by_name
         parts, args, launch = ["# minicompile: Triton kernels for one graph", PRELUDE], {}, {}
-        for kernel in schedule.kernels:
-            tk = TritonKernel(kernel, buffers, storage, sources)
+        for kernel in plan.kernels:
+            tk = TritonKernel(kernel, buffers, graph.mutations, graph.sources)
             parts += ["", tk.render(), ""]
             args[kernel.name] = [a.name for a in tk.args]
             launch[kernel.name] = {"xnumel": tk.xnumel, "rnumel": tk.rnumel if tk.reduction else None,

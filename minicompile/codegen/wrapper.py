@@ -1,10 +1,11 @@
 """The host wrapper: Python that allocates buffers, calls kernels and externs, returns outputs.
 
-The generated module defines ``make(lib, externs, constants) -> call`` where ``call(args)``
-runs the graph. It imports torch and the host buffer pool (the runtime hands it the kernel
-library), allocates outputs with eager's strides (large CPU buffers from the pool, chosen
-when the wrapper is generated), and hands a dead intermediate's memory to the next buffer
-of the same size and dtype.
+``WrapperCode(graph, plan, kernel_args).generate()`` (an ir.LoopGraph, its Schedule and the
+kernels' argument names) writes a module that defines ``make(lib, externs, constants) -> call``,
+where ``call(args)`` runs the graph. It imports torch and the host buffer pool (the runtime
+hands it the kernel library), allocates outputs with eager's strides (large CPU buffers from
+the pool, chosen when the wrapper is generated), and hands a dead intermediate's memory to
+the next buffer of the same size and dtype.
 
 ``call`` first checks one flag, whether a torch profiler is running; if one is, it runs
 ``call_profiled`` instead: the same steps, with the graph call, each kernel call (by kernel
@@ -16,22 +17,23 @@ import math
 
 import torch
 
+from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
 from minicompile.runtime import host_pool
-from minicompile.scheduler.fusion import buffer_reads
+from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import FusedKernel
 
 
 class WrapperCode:
-    def __init__(self, lw, schedule, storage: dict, kernel_args: dict, pass_pointers: bool = True):
-        self.lw = lw
+    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict):
+        self.graph = graph
         self.schedule = schedule
-        self.storage = storage
+        self.storage = graph.mutations  # a buffer that writes into an input is that input
         self.kernel_args = kernel_args  # kernel name -> [pointer names]
-        self.suffix = ".data_ptr()" if pass_pointers else ""
+        self.suffix = ".data_ptr()" if schedule.caps.pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
-        self.by_name = {b.name: b for b in lw.buffers}
+        self.by_name = {b.name: b for b in graph.buffers}
 
     def _ref(self, obj) -> str:
         self.externs.append(obj)
@@ -63,12 +65,10 @@ class WrapperCode:
         return f"as_strided({name}, {tuple(v.size)}, {tuple(v.stride)}, {base})"
 
     def generate(self) -> str:
-        lw = self.lw
-        names = []
-        for kind, payload in lw.placeholders:
-            names.append(payload.name if kind == "tensor" else "_")
+        graph = self.graph
+        names = [p.name if isinstance(p, InputBuffer) else "_" for p in graph.placeholders]
         last_use = self._last_uses()
-        outputs = {o.buffer.name for o in lw.outputs if isinstance(o, StorageView)}
+        outputs = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
         pool: dict = {}
         steps = []  # (profiler event name or None, the step's lines)
         for step_no, step in enumerate(self.schedule.steps):
@@ -98,7 +98,7 @@ class WrapperCode:
                 if isinstance(buf, ComputedBuffer):
                     pool.setdefault(_pool_key(buf), []).append(name)
         self.lines = [ln for _, lines in steps for ln in lines]
-        ret = ", ".join(self.value(o) for o in lw.outputs)
+        ret = ", ".join(self.value(o) for o in graph.outputs)
         head = [
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
             "import torch",
@@ -121,10 +121,10 @@ class WrapperCode:
             "def make(lib, externs, constants):",
         ]
         head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
-        head += [f"    {c} = constants[{c!r}]" for c in lw.constants]
+        head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")
         unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] if names else []
-        ret_line = f"return ({ret}{',' if len(lw.outputs) == 1 else ''})"
+        ret_line = f"return ({ret}{',' if len(graph.outputs) == 1 else ''})"
         profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
         plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",
                  "    return call_profiled(args)"] + unpack + self.lines + [ret_line]
@@ -161,7 +161,7 @@ class WrapperCode:
             else:
                 b = step.buffer
                 last[b.name] = max(last.get(b.name, k), k)
-                for r in buffer_reads(b):
+                for r in step.reads:
                     last[r] = k
         return last
 

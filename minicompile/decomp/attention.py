@@ -3,9 +3,10 @@
 F.scaled_dot_product_attention reaches aten.scaled_dot_product_attention, which is
 CompositeImplicitAutograd: in torch 2.13 on CPU the dispatcher picks
 _scaled_dot_product_flash_attention_for_cpu (after turning a boolean mask into an additive
-one) before make_fx consults the table, so that fused op is decomposed here (unless its
-score matrix is large enough for eager's fused kernel to win: ``use_fused_cpu_attention``);
-the composite op's own entry serves direct use and tracers that stop at composite ops.
+one) before make_fx consults the table, so that fused op is decomposed here (the CPU policy,
+aot/cpu_policy.py, keeps it whole when its score matrix is large enough for eager's fused
+kernel to win); the composite op's own entry serves direct use and tracers that stop at
+composite ops.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import math
 
 import torch
 
-from minicompile.config import config
 from minicompile.decomp.linalg import matmul
 from minicompile.decomp.precision import fill_where, to_dtype, upcast, where_scalar
 from minicompile.decomp.registry import register_decomposition
@@ -80,21 +80,6 @@ def scaled_dot_product_attention(
 
 @register_decomposition(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if dropout_p != 0.0 or use_fused_cpu_attention(query, key):
+    if dropout_p != 0.0:
         return NotImplemented
     return attention_math(query, key, value, attn_mask, is_causal, scale)
-
-
-def use_fused_cpu_attention(query, key) -> bool:
-    """Keep eager's fused CPU attention kernel when the score matrix is large.
-
-    The math form materialises every score: two bmm calls around a softmax kernel. Eager's
-    flash kernel streams blocks of scores through cache instead; on a GPT-2 block with
-    16 heads of 256x256 scores it took 1.35 ms against 2.0 ms for the math form. Small
-    attention (below ``config.fused_attention_min_scores`` scores) fuses better as math.
-    """
-    threshold = config.fused_attention_min_scores
-    shape = (*query.shape[:-1], key.shape[-2])
-    if threshold <= 0 or not all(isinstance(n, int) for n in shape):
-        return False
-    return math.prod(shape) >= threshold

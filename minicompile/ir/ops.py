@@ -10,7 +10,7 @@ A body calls only these methods; a handler decides what they mean:
     pointwise(op: str, *args, dtype) -> value          an elementwise op from POINTWISE_OPS
 
 ``dtype`` on pointwise is the result dtype. Handlers here: PrintOps (the readable form of a
-body), RecordOps (which buffers a body reads and at which index). Backends add their own.
+body; ir/graph.py prints every buffer with it), RecordOps (which buffers a body reads and at which index). Backends add their own.
 
 POINTWISE_OPS is the one list of elementwise ops. The lowering registers every row's ATen
 overloads (lowering/pointwise.py), ``decomp.CORE_OPS`` lists them, and each backend has one
@@ -123,7 +123,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class PrintOps:
-    """Renders a body as readable Python-like lines: ``tmp3 = ops.exp(tmp2)``."""
+    """Renders a body as readable Python-like lines: ``tmp3 = ops.exp(tmp2)``.
+
+    Loads name their buffer and index, casts and constants their dtype. ``reduction`` is not
+    part of the contract bodies call: the printer uses it to show what a Reduction accumulates.
+    """
 
     def __init__(self):
         self.lines: list[str] = []
@@ -150,6 +154,9 @@ class PrintOps:
 
     def pointwise(self, op, *args, dtype):
         return self._emit(f"ops.{op}({', '.join(map(str, args))})")
+
+    def reduction(self, kind, value):
+        return self._emit(f"ops.reduction({kind!r}, {value})")
 
 
 @dataclass(frozen=True)

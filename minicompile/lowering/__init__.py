@@ -1,6 +1,6 @@
-"""ATen core ops -> loop IR. Importing this package fills the LOWERINGS registry."""
+"""ATen core ops -> loop IR (``lower(gm) -> LoopGraph``). Importing this package fills LOWERINGS."""
 from minicompile.lowering import misc, pointwise, reductions, views  # noqa: F401  (registration)
-from minicompile.lowering.graph import ExternRecord, GraphLowering
+from minicompile.lowering.graph import ExternRecord, GraphLowering, lower
 from minicompile.lowering.registry import LOWERINGS, Unsupported, register_lowering
 
-__all__ = ["GraphLowering", "ExternRecord", "LOWERINGS", "Unsupported", "register_lowering"]
+__all__ = ["lower", "GraphLowering", "ExternRecord", "LOWERINGS", "Unsupported", "register_lowering"]

@@ -1,5 +1,8 @@
-"""GraphLowering: walk a functional ATen FX graph and build buffers of loop IR.
+"""Lowering: a functional ATen FX graph -> a LoopGraph (ir/graph.py) of loop-IR buffers.
 
+    graph = lower(aten_gm, compute_expensive_once=...)
+
+``GraphLowering`` is the pass and its working state; it hands on only the frozen LoopGraph.
 Each node is lowered by its registered lowering (lowering/registry.py) or, failing that,
 becomes an ExternKernel: an eager ATen call with the reason recorded. Pointwise results stay
 lazy (inlined into readers) until something needs memory: a graph output, an extern's
@@ -8,13 +11,17 @@ argument, a reduction's result, or a value read by many consumers.
 from __future__ import annotations
 
 import operator
+import os
+import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
 from minicompile.config import config
+from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
                                   contiguous_strides, iteration_vars)
@@ -22,11 +29,17 @@ from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import Unsupported, lowering_for
 
 
-@dataclass
-class ExternRecord:
-    node: str
-    op: str
-    reason: str
+def lower(gm: torch.fx.GraphModule, compute_expensive_once: bool = False) -> LoopGraph:
+    """Lower ``gm`` to loop IR.
+
+    ``compute_expensive_once``: a lazy value that uses a transcendental op and has several
+    readers gets a buffer, so it is computed once. The pipeline passes the backend's
+    ``BackendCaps.row_scratch``: with a row scratch array (C++) that buffer costs no memory
+    traffic, without one (Triton) it would be stored and re-read, and recomputing is cheaper.
+    It is lowering's flag, not the scheduler's, because only lowering decides what is a buffer
+    and what is inlined into its readers; the scheduler can only group the buffers it gets.
+    """
+    return GraphLowering(gm, sources=user_sources(gm), compute_expensive_once=compute_expensive_once).run()
 
 
 @dataclass
@@ -34,7 +47,7 @@ class GraphLowering:
     gm: torch.fx.GraphModule
     buffers: list = field(default_factory=list)        # ComputedBuffer / ExternKernel, in order
     inputs: list = field(default_factory=list)         # InputBuffer per tensor placeholder
-    placeholders: list = field(default_factory=list)   # (kind, payload) per placeholder
+    placeholders: list = field(default_factory=list)   # InputBuffer or python value, per placeholder
     constants: dict = field(default_factory=dict)      # name -> tensor (get_attr)
     constant_buffers: list = field(default_factory=list)  # InputBuffer per constant
     outputs: list = field(default_factory=list)        # StorageView | python value, per output
@@ -83,7 +96,7 @@ class GraphLowering:
         return self.realize(value, origins=[node.name])
 
     # -- the walk -----------------------------------------------------------------------
-    def run(self) -> "GraphLowering":
+    def run(self) -> LoopGraph:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 self.env[node] = self._placeholder(node)
@@ -93,7 +106,8 @@ class GraphLowering:
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 self._output(node)
-        return self
+        return LoopGraph(tuple(self.inputs), tuple(self.placeholders), self.constants, tuple(self.constant_buffers),
+                         tuple(self.buffers), tuple(self.outputs), self.sources, tuple(self.externs))
 
     def _placeholder(self, node):
         val = node.meta.get("val")
@@ -101,9 +115,9 @@ class GraphLowering:
             buf = InputBuffer(f"arg{len(self.placeholders)}", _at_data_ptr(Layout.of(val)), [node.name],
                               position=len(self.placeholders))
             self.inputs.append(buf)
-            self.placeholders.append(("tensor", buf))
+            self.placeholders.append(buf)
             return StorageView.whole(buf)
-        self.placeholders.append(("scalar", val))
+        self.placeholders.append(val)
         return val
 
     def _constant(self, node):
@@ -122,6 +136,8 @@ class GraphLowering:
         if node.target is operator.getitem:
             return args[0][args[1]]
         reason = _unsupported_dtype(node)
+        if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
+            return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
         lowering = lowering_for(node.target)
         if lowering is None and reason is None:
             reason = f"no lowering for {_op_name(node.target)}"
@@ -206,6 +222,31 @@ class GraphLowering:
                 if view.buffer.layout.storage_numel() >= _view_extent(view):
                     return view
         return self.realize_as_node(value, node)
+
+
+def user_sources(gm: torch.fx.GraphModule) -> dict:
+    """FX node name -> "file.py:LINE: code", the user's source line it came from (when recorded)."""
+    out = {}
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if trace:
+            out[node.name] = _last_frame(trace)
+    return out
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+def _last_frame(trace: str) -> str:
+    # A traceback frame is 'File "f.py", line N, in fn' + the code line, and since Python
+    # 3.11 often a '^^^^' marker line, which says nothing to a reader of kernel headers.
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip() and set(ln.strip()) - set("^~ ")]
+    for k in range(len(lines) - 1, -1, -1):
+        m = _FRAME.search(lines[k])
+        if m:
+            code = lines[k + 1] if k + 1 < len(lines) else ""
+            return f"{os.path.basename(m['file'])}:{m['line']}: {code}".rstrip(": ")
+    return lines[-1] if lines else ""
 
 
 def _record_origins(value, node, args) -> None:

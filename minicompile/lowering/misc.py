@@ -221,18 +221,3 @@ def _triangle(upper: bool):
 
 register_lowering(aten.tril.default)(_triangle(upper=False))
 register_lowering(aten.triu.default)(_triangle(upper=True))
-
-
-@register_lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def fused_cpu_attention(lw, node, *args, **kwargs):
-    # decomp/attention.py left it whole on purpose (see use_fused_cpu_attention)
-    raise Unsupported("eager's fused CPU attention streams the scores through cache; at this size it beats "
-                      "the math form (MINICOMPILE_FUSED_ATTENTION_MIN_SCORES=0 decomposes it)")
-
-
-@register_lowering(torch.ops.mkldnn._linear_pointwise.default)
-def onednn_linear(lw, node, *args, **kwargs):
-    # decomp/linalg.py chose it over mm for a large weight and few rows (see use_onednn_linear)
-    post = " with GELU folded in" if len(args) > 3 and args[3] == "gelu" else ""
-    raise Unsupported(f"oneDNN's linear{post} beats MKL's mm for a large weight and few rows "
-                      "(MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS=0 uses mm)")

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from minicompile.aot.passes import constructed_by
+
 
 @dataclass
 class ReportStage:
@@ -33,15 +35,22 @@ def fx_graph_text(fx_graph) -> str:
 
 
 def aten_graph_text(compiled) -> str:
+    """The ATen graph, headed by the passes that constructed it and their times."""
     text = compiled.aten_graph.print_readable(print_output=False)
     # make_fx names the class after the traced callable, often "<lambda>".
-    return re.sub(r"^class <lambda>\(", "class AtenGraph(", text).rstrip() + "\n"
+    text = re.sub(r"^class <lambda>\(", "class AtenGraph(", text).rstrip() + "\n"
+    return constructed_by(compiled.aten_graph) + text
+
+
+def loop_ir_text(compiled) -> str:
+    """Every buffer's loop body, in program order (ir/graph.py)."""
+    return str(compiled.loop_graph)
 
 
 def fusion_text(compiled) -> str:
     """Kernels with their FX nodes, unfused edges with reasons, extern reasons, source lines."""
     lines = [compiled.explain()]
-    sources = compiled.lowering.sources or {}
+    sources = compiled.loop_graph.sources
     per_kernel = []
     for step in compiled.schedule.steps:
         nodes = step.nodes if hasattr(step, "nodes") else [step.buffer]
@@ -79,6 +88,7 @@ def stage_file(stage: ReportStage, compiled) -> tuple[str, str | None]:
 STAGES = {s.name: s for s in [
     ReportStage("graph", "captured FX graph", lambda fx, c: fx_graph_text(fx), "fx_graph.py", "python"),
     ReportStage("aten", "ATen graph (decomposed, functional)", lambda fx, c: aten_graph_text(c), "aten_graph.py", "python"),
+    ReportStage("ir", "loop IR (one body per buffer)", lambda fx, c: loop_ir_text(c), "loop_ir.txt", "python"),
     ReportStage("fusion", "fusion groups", lambda fx, c: fusion_text(c), "fusion.txt", None),
     ReportStage("kernels", "generated kernels", lambda fx, c: kernel_text(c), "kernels.cpp", "cpp"),
     ReportStage("wrapper", "host wrapper", lambda fx, c: wrapper_text(c), "wrapper.py", "python"),
@@ -88,7 +98,7 @@ STAGES = {s.name: s for s in [
 DEBUG_LADDER = {
     1: [],
     2: ["fusion"],
-    3: ["graph", "aten"],
+    3: ["graph", "aten", "ir"],
     4: ["kernels"],
     5: ["wrapper"],
 }

@@ -1,4 +1,6 @@
-"""The fusion scheduler: buffers -> kernels, in an order that respects every dependency.
+"""The fusion scheduler: a LoopGraph's buffers -> kernels, in an order that respects every dependency.
+
+    plan = schedule(graph, caps)     ir.LoopGraph + BackendCaps -> Schedule
 
 Buffers are visited in program order. Each computed buffer joins the most recent kernel it
 reads from (or shares an input with) when the loops can be laid out together
@@ -13,15 +15,17 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from minicompile.config import config
-from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView
+from minicompile.ir.graph import LoopGraph
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, iteration_vars
 from minicompile.ir.ops import RecordOps
-from minicompile.ir.nodes import iteration_vars
+from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
 
 
 @dataclass
 class ExternStep:
-    buffer: object  # ExternKernel | MultiOutput
+    buffer: object      # ExternKernel | MultiOutput
+    reads: frozenset    # names of the buffers it reads
 
     @property
     def name(self):
@@ -39,6 +43,8 @@ class Decision:
 @dataclass
 class Schedule:
     steps: list                        # FusedKernel | ExternStep, in execution order
+    caps: BackendCaps                  # what the plan assumed the code generator can do
+    reads: dict = field(default_factory=dict)   # buffer name -> frozenset of the buffer names it reads
     decisions: list = field(default_factory=list)
     output_names: set = field(default_factory=set)
 
@@ -66,7 +72,7 @@ class Schedule:
         return "\n".join(lines)
 
 
-def buffer_reads(buf) -> set:
+def buffer_reads(buf) -> frozenset:
     if isinstance(buf, ComputedBuffer):
         rec = RecordOps()
         idx = iteration_vars(buf.data.ranges)
@@ -74,9 +80,9 @@ def buffer_reads(buf) -> set:
             buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
         else:
             buf.data.body(rec, idx)
-        return {r.name for r in rec.reads}
+        return frozenset(r.name for r in rec.reads)
     if isinstance(buf, MultiOutput):
-        return {buf.parent.name}
+        return frozenset({buf.parent.name})
     names = set()
 
     def visit(a):
@@ -90,7 +96,7 @@ def buffer_reads(buf) -> set:
                 visit(x)
     visit(buf.args)
     visit(buf.kwargs)
-    return names
+    return frozenset(names)
 
 
 class _Group:
@@ -112,10 +118,10 @@ class _Group:
 ROW_SCRATCH_LIMIT = 16384
 
 
-def schedule(lw, row_scratch: bool = False) -> Schedule:
-    """Group ``lw``'s buffers into kernels. ``row_scratch``: the code generator can keep a per-row
-    value read by a later loop of the same kernel in a row-sized array instead of memory."""
-    buffers = lw.buffers
+def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
+    """Group ``graph``'s buffers into kernels. With ``caps.row_scratch`` a per-row value read by a
+    later loop of the same kernel is kept in a row-sized array instead of memory."""
+    buffers = graph.buffers
     by_name = {b.name: b for b in buffers}
     reads = {b.name: buffer_reads(b) for b in buffers}
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
@@ -129,7 +135,7 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
             anc |= ancestors[d]
         ancestors[b.name] = anc
     mutated_by = {b.mutates: b.name for b in buffers if isinstance(b, ComputedBuffer) and b.mutates}
-    output_names = {o.buffer.name for o in lw.outputs if isinstance(o, StorageView)}
+    output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
 
     groups, group_of, failures = [], {}, {}
     for b in buffers:
@@ -156,12 +162,12 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
     steps, decisions = [], []
     for k, g in enumerate(order):
         if g.is_extern:
-            steps.append(ExternStep(g.nodes[0]))
+            steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
             continue
         kernel = g.kernel
         kernel.name = _kernel_name(len([s for s in steps if isinstance(s, FusedKernel)]), g.nodes)
         _build_stages(kernel, deps)
-        _mark_locals(kernel, buffers, reads, output_names, row_scratch)
+        _mark_locals(kernel, buffers, reads, output_names, caps.row_scratch)
         steps.append(kernel)
     for b in buffers:
         for d in sorted(deps[b.name]):
@@ -170,7 +176,7 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
                 decisions.append(Decision(d, b.name, True))
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
-    return Schedule(steps, decisions, output_names)
+    return Schedule(steps, caps, reads, decisions, output_names)
 
 
 def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
@@ -231,7 +237,7 @@ def _build_stages(kernel: FusedKernel, deps):
     kernel.stages = stages
 
 
-def _mark_locals(kernel: FusedKernel, buffers, reads, output_names, row_scratch=False):
+def _mark_locals(kernel: FusedKernel, buffers, reads, output_names, row_scratch: bool):
     stage_of = {n.name: k for k, st in enumerate(kernel.stages) for n in st.nodes}
     for n in kernel.nodes:
         if n.name in output_names or n.mutates:

@@ -1,8 +1,8 @@
 """``minicompile inspect TARGET``: show every stage of compiling a model, or write it to files.
 
-Stage by stage, for each captured graph: the FX graph, the ATen graph, the fusion groups
-(kernels with their FX nodes and the user's source lines, unfused edges and extern calls
-with reasons), the generated kernels and the host wrapper; before them, the graph breaks
+Stage by stage, for each captured graph: the FX graph, the ATen graph, the loop IR (each
+buffer's body), the fusion groups (kernels with their FX nodes and the user's source lines,
+unfused edges and extern calls with reasons), the generated kernels and the host wrapper; before them, the graph breaks
 and guards of the capture. ``--out DIR`` writes all of it, plus a reproducer per graph.
 ``--frontend`` picks who captures: TorchDynamo (default) or minicompile's own tracer; both
 hand back capture's CaptureReport, so the same printers show either.

@@ -1,0 +1,164 @@
+"""The CPU backend's ATen policy: which ops run as vendor-library calls there, on purpose.
+
+The decomposition table (decomp/) says what ops mean, on any device. The choices here are
+the CPU's, measured on the 2-core AVX-512 machine: they depend on the device, on sizes and
+on knobs, and each keeps an op whole that lowering then runs as an extern call.
+
+    CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
+                        the device-neutral decomposition (thunder's executors claim ops the same way)
+    fold_gelu_into_onednn_linear   an ATen pass (aot/passes.py): GELU as oneDNN's post-op
+    EXTERN_ON_PURPOSE   op -> reason(args): why lowering leaves it to the vendor library
+
+A claim checks the device of its tensors, so tracing a CUDA graph is untouched.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from minicompile.config import config
+
+aten = torch.ops.aten
+
+
+# -- oneDNN linear ---------------------------------------------------------------------------
+
+def use_onednn_linear(mat1, mat2) -> bool:
+    """Run ``mat1 @ mat2`` as oneDNN's linear: CPU float32, few rows, a large transposed weight.
+
+    With a weight much larger than the activations (an MLP layer at small batch), oneDNN's
+    matmul beat MKL's sgemm behind ``aten.mm`` on the 2-core AVX-512 machine by 5-19%
+    (256x1024 @ 1024x4096: 6.7 vs 7.3 ms; 256x4096 @ 4096x1024: 6.2 vs 6.6 ms; 32x4096 @
+    4096x4096: 5.1 vs 6.1 ms), and lost by 6-14% from 512 rows up (the transformer block's
+    products). The bias is added inside the product, which also saves a kernel pass.
+    ``config.onednn_linear_max_rows`` / ``onednn_linear_min_weight`` set the bounds.
+    """
+    max_rows, min_weight = config.onednn_linear_max_rows, config.onednn_linear_min_weight
+    if max_rows <= 0 or mat1.device.type != "cpu" or mat1.dtype != torch.float32 or mat2.dtype != torch.float32:
+        return False
+    m, k, n = mat1.shape[0], mat1.shape[1], mat2.shape[1]
+    if not all(isinstance(v, int) for v in (m, k, n)) or m > max_rows or k * n < min_weight:
+        return False
+    # mat2 must be a weight seen through .t(): (k, n) with strides (1, k)
+    return tuple(mat2.stride()) == (1, k) and _onednn_available()
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _claim_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if beta == 1 and alpha == 1 and self.dim() == 1 and self.shape[0] == mat2.shape[1] and self.dtype == mat1.dtype \
+            and use_onednn_linear(mat1, mat2):
+        return torch.ops.mkldnn._linear_pointwise.default(mat1, aten.t.default(mat2), self, "none", [], "")
+    return None
+
+
+def _claim_mm(mat1, mat2):
+    if use_onednn_linear(mat1, mat2):
+        return torch.ops.mkldnn._linear_pointwise.default(mat1, aten.t.default(mat2), None, "none", [], "")
+    return None
+
+
+def fold_gelu_into_onednn_linear(gm: torch.fx.GraphModule) -> int:
+    """Replace ``gelu(linear(x, W, b))`` by one oneDNN linear with GELU as its post-op.
+
+    Runs on the traced ATen graph, where ``_claim_addmm`` left a
+    ``mkldnn._linear_pointwise(x, W, b, "none")`` and ``decomp/activations.py`` wrote the exact
+    GELU as ``0.5 * y * (erf(y / sqrt(2)) + 1)``. When the linear's value feeds nothing else,
+    oneDNN applies GELU while the product is still in registers: the MLP's separate GELU
+    kernel (0.43-0.48 ms of ~14 ms) and its 4 MiB intermediate are gone. Returns the number
+    of folds.
+    """
+    linear = torch.ops.mkldnn._linear_pointwise.default if _onednn_available() else None
+    folds = 0
+    for node in list(gm.graph.nodes):
+        if linear is None or node.target is not linear or tuple(node.args[3:]) != ("none", [], ""):
+            continue
+        match = _exact_gelu_of(node)
+        if match is None:
+            continue
+        out, dead = match
+        with gm.graph.inserting_before(out):
+            fused = gm.graph.call_function(linear, (*node.args[:3], "gelu", [], "none"))
+        fused.meta = dict(out.meta)
+        out.replace_all_uses_with(fused)
+        for n in [out, *dead, node]:
+            gm.graph.erase_node(n)
+        folds += 1
+    if folds:
+        gm.recompile()
+    return folds
+
+
+def _exact_gelu_of(y):
+    """(the GELU's result node, its other nodes) if y's only users compute GELU(y), else None."""
+    def scalar_mul(n, c):
+        return (n.target is aten.mul.Scalar and n.args[0] is y and isinstance(n.args[1], float)
+                and abs(n.args[1] - c) < 1e-12)
+
+    users = list(y.users)
+    half = [u for u in users if scalar_mul(u, 0.5)]
+    scaled = [u for u in users if scalar_mul(u, 1.0 / math.sqrt(2.0))]
+    if len(users) != 2 or len(half) != 1 or len(scaled) != 1:
+        return None
+    half, scaled = half[0], scaled[0]
+    erf = _only_user(scaled)
+    one = _only_user(erf) if erf is not None and erf.target is aten.erf.default else None
+    if one is None or one.target is not aten.add.Scalar or one.args[1] != 1.0:
+        return None
+    out = _only_user(one)
+    if out is None or out.target is not aten.mul.Tensor or set(out.args) != {half, one} or _only_user(half) is not out:
+        return None
+    return out, [one, erf, scaled, half]
+
+
+def _only_user(n):
+    users = list(n.users)
+    return users[0] if len(users) == 1 else None
+
+
+# -- fused CPU attention -----------------------------------------------------------------------
+
+def use_fused_cpu_attention(query, key) -> bool:
+    """Keep eager's fused CPU attention kernel when the score matrix is large.
+
+    The math form materialises every score: two bmm calls around a softmax kernel. Eager's
+    flash kernel streams blocks of scores through cache instead; on a GPT-2 block with
+    16 heads of 256x256 scores it took 1.35 ms against 2.0 ms for the math form. Small
+    attention (below ``config.fused_attention_min_scores`` scores) fuses better as math.
+    """
+    threshold = config.fused_attention_min_scores
+    shape = (*query.shape[:-1], key.shape[-2])
+    if threshold <= 0 or not all(isinstance(n, int) for n in shape):
+        return False
+    return math.prod(shape) >= threshold
+
+
+def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    # NotImplemented: make_fx keeps the op whole (an extern call); None: decompose it to math
+    return NotImplemented if use_fused_cpu_attention(query, key) else None
+
+
+CPU_CLAIMS = {
+    aten.addmm.default: _claim_addmm,
+    aten.mm.default: _claim_mm,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
+}
+
+
+def _onednn_reason(args) -> str:
+    post = " with GELU folded in" if len(args) > 3 and args[3] == "gelu" else ""
+    return (f"oneDNN's linear{post} beats MKL's mm for a large weight and few rows "
+            "(MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS=0 uses mm)")
+
+
+EXTERN_ON_PURPOSE = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: lambda args: (
+        "eager's fused CPU attention streams the scores through cache; at this size it beats "
+        "the math form (MINICOMPILE_FUSED_ATTENTION_MIN_SCORES=0 decomposes it)"),
+    torch.ops.mkldnn._linear_pointwise.default: _onednn_reason,
+}

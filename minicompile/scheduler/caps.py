@@ -1,0 +1,15 @@
+"""BackendCaps: what a code generator can do, as the scheduler needs to know it.
+
+A backend (codegen/) declares one; the pipeline hands it to ``schedule()``, and the Schedule
+keeps it, so the code generators and the wrapper read the same value the plan was made for.
+It lives here, below codegen/, so the scheduler can take it without importing a backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BackendCaps:
+    row_scratch: bool     # a per-row value read by a later loop of its kernel can live in a row-sized array
+    pass_pointers: bool   # kernels take raw data pointers (the wrapper passes t.data_ptr()), not tensors

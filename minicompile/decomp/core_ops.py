@@ -41,7 +41,8 @@ POINTWISE_BINARY = _overloads(
     " eq.Tensor eq.Scalar ne.Tensor ne.Scalar lt.Tensor lt.Scalar le.Tensor le.Scalar"
     " gt.Tensor gt.Scalar ge.Tensor ge.Scalar logical_and logical_or logical_xor"
     " bitwise_and.Tensor bitwise_and.Scalar bitwise_or.Tensor bitwise_or.Scalar"
-    " bitwise_xor.Tensor bitwise_xor.Scalar clamp clamp.Tensor clamp_min clamp_max where.self"
+    " bitwise_xor.Tensor bitwise_xor.Scalar clamp clamp.Tensor clamp_min clamp_min.Tensor clamp_max clamp_max.Tensor"
+    " where.self"
 )
 CREATION_AND_COPIES = _overloads(
     "_to_copy clone copy alias detach lift_fresh_copy full full_like zeros_like ones_like"

@@ -184,9 +184,13 @@ def copy_(lw, node, dst, src, non_blocking=False):
 
 
 def _realize_readers_of(lw, target: InputBuffer, mutation) -> None:
-    """Values still to be read after this mutation must see the old contents: compute them now."""
+    """Values still to be read after this mutation must see the old contents: compute them now.
+
+    Only a reader not lowered yet needs that; one lowered already has inlined the value (or
+    realized it) and is itself checked here when it is still to be read."""
     for fx_node, value in list(lw.env.items()):
-        if isinstance(value, (Lazy, ReindexView)) and set(fx_node.users) - {mutation} and _reads(value, target):
+        pending = [u for u in fx_node.users if u is not mutation and u not in lw.env]
+        if isinstance(value, (Lazy, ReindexView)) and pending and _reads(value, target):
             lw.env[fx_node] = lw.realize_as_node(value, fx_node)
 
 

@@ -175,8 +175,6 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
 
 def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
     names = g.names
-    if b.mutates and any(b.mutates in reads[n] for n in names):
-        return f"writes input {b.mutates} that the kernel reads"
     for r in reads[b.name]:
         if r in mutated_by and mutated_by[r] in names:
             return f"reads input {r} that the kernel overwrites"
@@ -189,6 +187,11 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
         return str(e)
     for c in kernel.nodes:
         for r in kernel.reads(c):
+            if r.name == b.mutates and r.index != kernel.store_index(b):
+                # read-then-write of one element in one iteration is safe; any other element
+                # may be read by another iteration after this one overwrote it
+                return (f"writes input {b.mutates} at [{kernel.store_index(b)}] that {c.name} "
+                        f"reads at [{r.index}]")
             if r.name in names or r.name == b.name:
                 p = by_name[r.name]
                 if kernel.level[c.name] == "outer" and kernel.level[p.name] == "inner":

@@ -51,17 +51,30 @@ class CppOps:
     # None: sin/cos through the library. A list: inline mc_sin_fast/mc_cos_fast, and their
     # arguments are collected here so the loop can check them against MC_TRIG_MAX
     trig_args: list | None = None
+    # Loop-invariant code motion (see CppKernel.hoisted): statements computed once before the
+    # kernel's loops go to ``hoisted``; ``read_only`` are the pointers a hoisted load may read;
+    # ``outside`` the values so computed. None: compute everything where it is used.
+    hoisted: list | None = None
+    read_only: set = field(default_factory=set)
+    outside: set = field(default_factory=set)
 
-    def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
         name = f"tmp{self.counter[0]}"
         self.counter[0] += 1
-        self.lines.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
+        (self.hoisted if hoist else self.lines).append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
         value = CV(name, ctype_dtype)
         self.cse[key] = value
+        if hoist:
+            self.outside.add(name)
         return value
+
+    def _hoistable(self, *args) -> bool:
+        """Computed from hoisted values and literals only, with at least one hoisted value."""
+        return (self.hoisted is not None and any(a.expr in self.outside for a in args)
+                and all(a.expr in self.outside or a.expr in self.constants for a in args))
 
     def load(self, name, index, dtype):
         if name in self.locals:
@@ -76,7 +89,8 @@ class CppOps:
             raw = f"mc_bf16_to_f32({raw})"
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
-        return self._tmp(compute_dtype(dtype), raw)
+        hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
+        return self._tmp(compute_dtype(dtype), raw, hoist)
 
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
@@ -96,18 +110,22 @@ class CppOps:
         return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({_R.render(expr)})")
 
     def to_dtype(self, x, dtype):
+        hoist = self._hoistable(x)
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_bf16(static_cast<float>({x}))", hoist)
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))")
+            return self._tmp(torch.float32, f"mc_round_f16(static_cast<float>({x}))", hoist)
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
-            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})"), x)
-        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})"), x)
+            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", hoist), x)
+        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", hoist), x)
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
+        if self._hoistable(*args):  # (sin/cos through the library: the row redo would not reach it)
+            expr = template(op, operand).format(*args)
+            return self._same_every_iteration(self._tmp(compute_dtype(dtype), expr, hoist=True), *args)
         # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
         if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
                 and compute_dtype(dtype).is_floating_point):
@@ -170,6 +188,14 @@ class CppKernel:
         self.storage = storage
         self.sources = sources
         self.counter = [0]
+        # Loop-invariant code motion: a load at a fixed index of a buffer this kernel does not
+        # write (a 0-d tensor: Adam's step, a scale) and everything computed from such loads and
+        # literals runs once, before the loops, not per element: g++ cannot hoist it (any store
+        # may alias the load), and AdamW's bias corrections (two pow, a sqrt, divisions) per
+        # element made its update 10x slower than the memory traffic. Off for a kernel with an
+        # empty loop, where such a load may be of an empty buffer.
+        self.hoisted: list | None = [] if 0 not in (*kernel.outer_ranges, *kernel.inner_ranges) else None
+        self.outside: set = set()
 
     @functools.cached_property
     def _memory(self) -> dict:
@@ -186,6 +212,11 @@ class CppKernel:
     def args(self):
         """(pointer name, dtype, written) for every buffer the kernel touches in memory."""
         return [(p, dt, w) for p, (dt, _, w) in self._memory.items()]
+
+    def _ops(self, locals_, lines, **kwargs) -> CppOps:
+        read_only = {p for p, (_, _, written) in self._memory.items() if not written}
+        return CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch,
+                      hoisted=self.hoisted, read_only=read_only, outside=self.outside, **kwargs)
 
     def render(self) -> str:
         k = self.k
@@ -219,8 +250,9 @@ class CppKernel:
         in_place = any(r and w for _, r, w in self._memory.values())
         trig_args = [] if dims and not k.is_reduction and not in_place else None
         body = self._point_body(inner_parallel, trig_args)
+        hoisted = self.hoisted or []
         if not dims:
-            return body
+            return hoisted + body
         parallel = work >= config.parallel_threshold and not inner_parallel
         simd_inner = not k.is_reduction
         headers = []
@@ -237,8 +269,8 @@ class CppKernel:
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
         if trig_args:
-            return self._rows_with_trig_check(headers, dims, body, parallel, trig_args)
-        return _nest(headers, body)
+            return hoisted + self._rows_with_trig_check(headers, dims, body, parallel, trig_args)
+        return hoisted + _nest(headers, body)
 
     def _rows_with_trig_check(self, headers, dims, body, parallel, trig_args) -> list:
         """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
@@ -281,8 +313,7 @@ class CppKernel:
                 self.scratch[n.name] = f"{n.name}_row[{flat}]"
         for stage in k.stages:
             if stage.kind == "scalar":
-                ops = CppOps(self.buffers, self.storage, locals_, lines, self.counter, scratch=self.scratch,
-                             trig_args=trig_args)
+                ops = self._ops(locals_, lines, trig_args=trig_args)
                 for n in stage.nodes:
                     index, _ = k.node_index(n)
                     value = n.data.body(ops, index)
@@ -345,8 +376,7 @@ class CppKernel:
                 post.append(f"if ({acc}_nan) {acc} = std::numeric_limits<{CTYPE[dt]}>::quiet_NaN();")
         inner_lines = []
         loop_locals = dict(locals_)
-        ops = CppOps(self.buffers, self.storage, loop_locals, inner_lines, self.counter, scratch=self.scratch,
-                     invariant={v.expr for _, v in locals_.values()})
+        ops = self._ops(loop_locals, inner_lines, invariant={v.expr for _, v in locals_.values()})
         for n in stage.nodes:
             index, rindex = k.node_index(n)
             if isinstance(n.data, Reduction):

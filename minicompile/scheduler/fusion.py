@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from minicompile.config import config
-from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, prod
 from minicompile.ir.ops import RecordOps
 from minicompile.ir.nodes import iteration_vars
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
@@ -136,7 +136,8 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
         placed = None
         if isinstance(b, ComputedBuffer) and config.fusion:
             candidates = [g for g in reversed(groups) if not g.is_extern and
-                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes)))]
+                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes))
+                           or _single_element(b) and all(_single_element(n) for n in g.nodes))]
             for g in candidates:
                 reason = _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name)
                 if reason is None:
@@ -171,6 +172,12 @@ def schedule(lw, row_scratch: bool = False) -> Schedule:
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
     return Schedule(steps, decisions, output_names)
+
+
+def _single_element(b) -> bool:
+    """One element, no loop: such kernels join each other even when they share no input (an
+    optimizer's per-parameter step counters become one kernel, not one call each)."""
+    return isinstance(b, ComputedBuffer) and not isinstance(b.data, Reduction) and prod(b.data.ranges) == 1
 
 
 def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):

@@ -41,7 +41,7 @@ TEMPLATES = {
     "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
     "logical_xor": "(static_cast<bool>({0}) != static_cast<bool>({1}))",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
-    "where": "({0} ? {1} : {2})",
+    "where": "({0} ? {1} : {2})", "fma": "std::fma({0}, {1}, {2})",
     ("abs", "int"): "({0} < 0 ? -{0} : {0})",
     ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} / {1})",
     ("remainder", "int"): "mc_remainder_i({0}, {1})", ("fmod", "int"): "({0} % {1})",

@@ -45,7 +45,7 @@ TEMPLATES = {
     "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
     "logical_xor": "(({0} != 0) != ({1} != 0))",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
-    "where": "tl.where({0}, {1}, {2})",
+    "where": "tl.where({0}, {1}, {2})", "fma": "tl.fma({0}, {1}, {2})",
     ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} // {1})",
     ("remainder", "int"): "mc_remainder_i({0}, {1})", ("fmod", "int"): "({0} % {1})",
     ("isnan", "int"): "({0} != {0})", ("isinf", "int"): "({0} != {0})",

@@ -32,6 +32,7 @@ POINTWISE_OPS = {
         "maximum", "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
         "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor")},
     "where": 3,
+    "fma": 3,   # a * b + c rounded once (Dynamo's rewrite of addcmul_ with a value)
 }
 
 # Dtypes the loop IR computes in; bfloat16/float16 are stored narrow but computed as float32.

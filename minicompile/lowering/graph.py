@@ -19,7 +19,7 @@ from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuf
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
                                   contiguous_strides, iteration_vars)
 from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
-from minicompile.lowering.registry import LOWERINGS, Unsupported
+from minicompile.lowering.registry import Unsupported, lowering_for
 
 
 @dataclass
@@ -122,7 +122,7 @@ class GraphLowering:
         if node.target is operator.getitem:
             return args[0][args[1]]
         reason = _unsupported_dtype(node)
-        lowering = LOWERINGS.get(node.target)
+        lowering = lowering_for(node.target)
         if lowering is None and reason is None:
             reason = f"no lowering for {_op_name(node.target)}"
         if reason is None:

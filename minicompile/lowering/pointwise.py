@@ -101,6 +101,9 @@ for _aten in ["eq", "ne", "lt", "le", "gt", "ge"]:
 for _aten in ["logical_and", "logical_or", "logical_xor"]:
     register_lowering(getattr(aten, _aten).default)(make_pointwise(_aten, compare=True))
 register_lowering(aten.where.self)(make_pointwise("where"))
+# Dynamo writes addcmul_(..., value=) and add_(..., alpha=tensor) as Inductor's prims.fma; the op
+# exists only once Dynamo has imported torch._inductor.inductor_prims, so it is keyed by name.
+register_lowering("prims.fma.default")(make_pointwise("fma"))
 
 
 def _add_sub(op):

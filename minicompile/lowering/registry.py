@@ -27,6 +27,8 @@ def _overloads(op):
 
 
 def register_lowering(ops, *, all_overloads: bool = False) -> Callable:
+    """Register ``fn`` for OpOverloads (or packets), or for an overload's name ("prims.fma.default")
+    where the op is registered with torch only later; ``lowering_for`` finds both."""
     ops = ops if isinstance(ops, (list, tuple)) else [ops]
 
     def decorator(fn):
@@ -36,3 +38,7 @@ def register_lowering(ops, *, all_overloads: bool = False) -> Callable:
                 LOWERINGS[target] = fn
         return fn
     return decorator
+
+
+def lowering_for(target) -> Callable | None:
+    return LOWERINGS.get(target) or (LOWERINGS.get(str(target)) if isinstance(target, torch._ops.OpOverload) else None)

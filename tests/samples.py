@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minicompile.decomp import DECOMPOSITIONS
+
 aten = torch.ops.aten
 
 
@@ -148,8 +150,6 @@ def foreach_samples(dtype: torch.dtype) -> list[Sample]:
     (0.1, 0.9), where every unary op (log, acos, ...) is defined; each Scalar[] three values;
     a Scalar 0.5; one Tensor a 0-d 0.5, or the 1-D per-element values of addcmul/addcdiv.Tensor.
     Arguments with a default keep it."""
-    from minicompile.decomp import DECOMPOSITIONS
-
     def make(arg):
         kind = str(arg.type)
         if kind == "List[Tensor]":

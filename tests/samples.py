@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from minicompile.decomp import DECOMPOSITIONS
 from tests.op_table import Sample
 
 aten = torch.ops.aten
@@ -125,6 +126,7 @@ def samples(dtype: torch.dtype) -> list[Sample]:
         sample("flash_cpu", aten._scaled_dot_product_flash_attention_for_cpu.default, (T(1, 2, 5, 8), T(1, 2, 5, 8), T(1, 2, 5, 8)),
                dict(is_causal=True)),
     ]
+    out += foreach_samples(dtype)
     if not bf:
         out += [
             sample("addmm_int", aten.addmm.default, (torch.randint(-5, 5, (3, 5)), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 5)))),
@@ -135,4 +137,34 @@ def samples(dtype: torch.dtype) -> list[Sample]:
             sample("native_layer_norm_3d_stats", aten.native_layer_norm.default, (T(2, 3, 4), [3, 4], None, T(3, 4), 1e-5)),
             sample("logsumexp_int", aten.logsumexp.default, (torch.randint(-3, 3, (3, 4)), [0], False)),
         ]
+    return out
+
+
+def foreach_samples(dtype: torch.dtype) -> list[Sample]:
+    """One sample per `_foreach_*` decomposition, its arguments made from the op's schema: each
+    Tensor[] a list of three tensors of different shapes (one non-contiguous) with values in
+    (0.1, 0.9), where every unary op (log, acos, ...) is defined; each Scalar[] three values;
+    a Scalar 0.5; one Tensor a 0-d 0.5, or the 1-D per-element values of addcmul/addcdiv.Tensor.
+    Arguments with a default keep it."""
+    def make(arg):
+        kind = str(arg.type)
+        if kind == "List[Tensor]":
+            return [tensor(*shape, dtype=dtype, low=0.1, high=0.9, noncontig=nc) for shape, nc in
+                    (((3, 4), False), ((5,), False), ((2, 3), True))]
+        if kind == "List[number]":
+            return [0.25, 0.5, 0.75]
+        if kind == "number":
+            return 0.5
+        if kind == "Tensor":
+            return torch.tensor([0.25, 0.5, 0.75]) if arg.name == "scalars" else torch.tensor(0.5, dtype=dtype)
+        raise TypeError(f"no sample value for {arg}")
+
+    out = []
+    for op in DECOMPOSITIONS:
+        if op._schema.name.startswith("aten::_foreach_"):
+            args = [a for a in op._schema.arguments if not a.has_default_value()]
+            out.append(Sample(f"{op._schema.name[6:]}.{op._overloadname}", op, tuple(make(a) for a in args)))
+    signed = [tensor(3, 4, dtype=dtype), tensor(5, dtype=dtype, noncontig=True)]
+    out += [Sample(f"_foreach_norm_{order}", aten._foreach_norm.Scalar, (signed, order))
+            for order in (float("inf"), 1, 0, 3)]
     return out

@@ -3,6 +3,7 @@ in tests), and a compile that fails leaves the user's tensors exactly as they we
 import pytest
 import torch
 
+import minicompile.backend
 import minicompile.pipeline
 from minicompile.config import patch
 
@@ -12,10 +13,14 @@ OPTIMIZERS = {
                                                       weight_decay=1e-2, foreach=fe),
     "adam": lambda ps, fe: torch.optim.Adam(ps, lr=1e-2, foreach=fe),
     "adamw": lambda ps, fe: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=fe),
+    "rmsprop_centered": lambda ps, fe: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.9, centered=True,
+                                                           weight_decay=1e-2, foreach=fe),
+    "adagrad": lambda ps, fe: torch.optim.Adagrad(ps, lr=1e-2, foreach=fe),
 }
-# Adam divides by sqrt(v) + eps: a near-zero gradient's float rounding becomes an lr-sized step,
-# so its parameters are compared a little more loosely than SGD's after 10 steps.
-TOL = {"sgd_momentum": 1e-5, "sgd_nesterov_wd": 1e-5, "adam": 1e-4, "adamw": 1e-4}
+# Adam, RMSprop and Adagrad divide by a square root: a near-zero gradient's float rounding becomes
+# an lr-sized step, so their parameters are compared a little more loosely than SGD's after 10 steps.
+TOL = {"sgd_momentum": 1e-5, "sgd_nesterov_wd": 1e-5, "adam": 1e-4, "adamw": 1e-4, "rmsprop_centered": 1e-4,
+       "adagrad": 1e-4}
 
 
 def _model():
@@ -75,6 +80,26 @@ def test_compiled_optimizer_step_matches_eager(kind, foreach, fresh_dynamo):
     _compare(kind, _train(kind, foreach, False), _train(kind, foreach, True))
 
 
+@pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_step_is_one_fused_kernel_per_parameter(kind, foreach, fresh_dynamo, monkeypatch):
+    """The _foreach_* ops decompose to per-tensor ops and Dynamo's prims.fma (its form of the
+    for-loop's addcmul_) is lowered: no extern call is left, and each parameter's whole update
+    (read p, grad, state; write p and state) is one kernel, plus one kernel for all the step
+    counters (and, in the for-loop form, one for the per-parameter step sizes)."""
+    graphs = []
+
+    def spy(gm, example_inputs):
+        graphs.append(minicompile.pipeline.compile_graph(gm, example_inputs))
+        return graphs[-1]
+
+    monkeypatch.setattr(minicompile.backend, "compile_graph", spy)
+    model, _, _ = _train(kind, foreach, True, steps=2)
+    n_params = len(list(model.parameters()))
+    assert graphs and all(not g.externs for g in graphs), [g.explain() for g in graphs]
+    assert max(g.num_kernels for g in graphs) <= n_params + (1 if foreach else 2), [g.explain() for g in graphs]
+
+
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
 def test_compiled_train_step_matches_eager(kind, fresh_dynamo):
     # forward + backward + opt.step() in one compiled function: the forward graph needs
@@ -129,3 +154,49 @@ def test_attribute_and_input_mutations_are_written_back_once():
         out = compiled(x)
         assert torch.equal(x, torch.full((3,), 2.0)) and torch.equal(gm.count, torch.full((3,), float(k)))
         assert torch.equal(out, torch.full((3,), 2.0 + k))
+
+
+def _compile_fn(fn, *inputs):
+    return minicompile.pipeline.compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
+
+
+def test_write_back_fuses_into_the_kernel_reading_the_same_element():
+    def update(p, g):
+        old = p * 2
+        p.add_(g)
+        return old
+
+    p, g = torch.randn(64, 8), torch.randn(64, 8)
+    compiled = _compile_fn(update, p.clone(), g)
+    assert compiled.num_kernels == 1, compiled.explain()
+    got_p = p.clone()
+    torch.testing.assert_close(compiled(got_p, g), p * 2, rtol=0, atol=0)
+    torch.testing.assert_close(got_p, p + g, rtol=0, atol=0)
+
+
+def test_write_back_stays_apart_from_a_read_of_another_element():
+    """y reads p transposed: in one loop, element (i, j) would be overwritten before (j, i) reads it."""
+    def update(p):
+        y = p.t() * 2
+        p.mul_(3)
+        return y
+
+    p = torch.randn(16, 16)
+    compiled = _compile_fn(update, p.clone())
+    assert compiled.num_kernels == 2, compiled.explain()
+    assert "that" in compiled.explain() and "reads at" in compiled.explain()
+    got_p = p.clone()
+    torch.testing.assert_close(compiled(got_p), p.t() * 2, rtol=0, atol=0)
+    torch.testing.assert_close(got_p, p * 3, rtol=0, atol=0)
+
+
+def test_scalar_math_on_a_0d_input_runs_once_before_the_loop():
+    """Adam's bias corrections (pow of its 0-d step) are computed once per kernel, not per element."""
+    def scaled(x, step):
+        return x / (1 - torch.pow(0.999, step + 1))   # still a division, as in eager: exact
+
+    x, step = torch.randn(4096), torch.tensor(3.0)
+    compiled = _compile_fn(scaled, x, step)
+    source = compiled.kernel_source[compiled.kernel_source.index('extern "C"'):]
+    assert "std::pow" in source and source.index("std::pow") < source.index("for ("), source
+    torch.testing.assert_close(compiled(x, step), scaled(x, step), rtol=0, atol=0)

@@ -58,16 +58,29 @@ class CppOps:
     # None: sin/cos through the library. A list: inline mc_sin_fast/mc_cos_fast, and their
     # arguments are collected here so the loop can check them against MC_TRIG_MAX
     trig_args: list | None = None
+    # Loop-invariant code motion (see CppKernel.hoisted): statements computed once before the
+    # kernel's loops go to ``hoisted``; ``read_only`` are the pointers a hoisted load may read;
+    # ``outside`` the values so computed. None: compute everything where it is used.
+    hoisted: list | None = None
+    read_only: set = field(default_factory=set)
+    outside: set = field(default_factory=set)
 
-    def _tmp(self, ctype_dtype: torch.dtype, expr: str) -> CV:
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
         name = f"tmp{next(self.counter)}"
-        self.lines.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
+        (self.hoisted if hoist else self.lines).append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
         value = CV(name, ctype_dtype)
         self.cse[key] = value
+        if hoist:
+            self.outside.add(name)
         return value
+
+    def _hoistable(self, *args) -> bool:
+        """Computed from hoisted values and literals only, with at least one hoisted value."""
+        return (self.hoisted is not None and any(a.expr in self.outside for a in args)
+                and all(a.expr in self.outside or a.expr in self.constants for a in args))
 
     def load(self, name, index, dtype):
         if name in self.locals:
@@ -82,7 +95,8 @@ class CppOps:
             raw = f"mc_bf16_to_f32({raw})"
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
-        return self._tmp(compute_dtype(dtype), raw)
+        hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
+        return self._tmp(compute_dtype(dtype), raw, hoist)
 
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
@@ -102,18 +116,22 @@ class CppOps:
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
     def to_dtype(self, x, dtype):
+        hoist = self._hoistable(x)
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})")
+            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", hoist)
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})")
+            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", hoist)
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
-            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})"), x)
-        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})"), x)
+            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", hoist), x)
+        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", hoist), x)
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
+        if self._hoistable(*args):  # (sin/cos through the library: the row redo would not reach it)
+            expr = template(op, operand).format(*args)
+            return self._same_every_iteration(self._tmp(compute_dtype(dtype), expr, hoist=True), *args)
         # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
         if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
                 and compute_dtype(dtype).is_floating_point):
@@ -160,6 +178,19 @@ class CppKernel(KernelRenderer):
         in_place = any(a.read and a.written for a in self.args)
         self.trig_args = [] if k.outer_ranges and not k.is_reduction and not in_place else None
         self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
+        # Loop-invariant code motion: a load at a fixed index of a buffer this kernel does not
+        # write (a 0-d tensor: Adam's step, a scale) and everything computed from such loads and
+        # literals runs once, before the loops, not per element: g++ cannot hoist it (any store
+        # may alias the load), and AdamW's bias corrections (two pow, a sqrt, divisions) per
+        # element made its update 10x slower than the memory traffic. Off for a kernel with an
+        # empty loop, where such a load may be of an empty buffer.
+        self.hoisted: list | None = [] if 0 not in (*k.outer_ranges, *k.inner_ranges) else None
+        self.outside: set = set()      # the values computed in ``hoisted``
+        self.read_only = {a.name for a in self.args if not a.written}
+
+    def _ops(self, known: dict, lines: list, **kwargs) -> CppOps:
+        return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
+                      hoisted=self.hoisted, read_only=self.read_only, outside=self.outside, **kwargs)
 
     def render(self) -> str:
         lines = self.header() + [f'extern "C" void {self.k.name}(']
@@ -177,9 +208,10 @@ class CppKernel(KernelRenderer):
         if k.outer_numel == 0:
             return ["// empty output: nothing to compute"]
         body = self._point_body()
+        hoisted = self.hoisted or []
         dims = list(zip(k.outer_vars, k.outer_ranges))
         if not dims:
-            return body
+            return hoisted + body
         parallel = self.work >= config.parallel_threshold and not self.inner_parallel
         simd_inner = not k.is_reduction
         headers = []
@@ -196,8 +228,8 @@ class CppKernel(KernelRenderer):
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
             headers.append(hdr)
         if self.trig_args:
-            return self._rows_with_trig_check(headers, dims, body, parallel)
-        return _nest(headers, body)
+            return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
+        return hoisted + _nest(headers, body)
 
     def _rows_with_trig_check(self, headers, dims, body, parallel) -> list:
         """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
@@ -267,8 +299,7 @@ class CppKernel(KernelRenderer):
 
     # -- the stage walk's hooks (codegen/common.py) --------------------------------------------
     def ops(self, lines: list, known: dict) -> CppOps:
-        return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
-                      trig_args=self.trig_args)
+        return self._ops(known, lines, trig_args=self.trig_args)
 
     def store_or_keep(self, ops, n, value, known):
         where = self.k.store_index(n)
@@ -287,8 +318,7 @@ class CppKernel(KernelRenderer):
         pre, post = self._accumulators(reds, accs)
         inner_lines = []
         loop_known = dict(known)
-        ops = CppOps(self.buffers, self.storage, loop_known, inner_lines, self.counter, scratch=self.scratch,
-                     invariant={v.expr for _, v in known.values()})
+        ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()})
         for n in stage.nodes:
             value = self.evaluate(ops, n)
             if isinstance(n.data, Reduction):

@@ -15,6 +15,7 @@ from minicompile.decomp import (  # noqa: F401  (imported for registration)
     activations,
     attention,
     dropout,
+    foreach,
     indexing,
     linalg,
     losses,

@@ -16,7 +16,7 @@ import networkx as nx
 
 from minicompile.config import config
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, iteration_vars
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, iteration_vars, prod
 from minicompile.ir.ops import RecordOps
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
@@ -142,7 +142,8 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
         placed = None
         if isinstance(b, ComputedBuffer) and config.fusion:
             candidates = [g for g in reversed(groups) if not g.is_extern and
-                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes)))]
+                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes))
+                           or _single_element(b) and all(_single_element(n) for n in g.nodes))]
             for g in candidates:
                 reason = _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name)
                 if reason is None:
@@ -179,10 +180,14 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     return Schedule(steps, caps, reads, decisions, output_names)
 
 
+def _single_element(b) -> bool:
+    """One element, no loop: such kernels join each other even when they share no input (an
+    optimizer's per-parameter step counters become one kernel, not one call each)."""
+    return isinstance(b, ComputedBuffer) and not isinstance(b.data, Reduction) and prod(b.data.ranges) == 1
+
+
 def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
     names = g.names
-    if b.mutates and any(b.mutates in reads[n] for n in names):
-        return f"writes input {b.mutates} that the kernel reads"
     for r in reads[b.name]:
         if r in mutated_by and mutated_by[r] in names:
             return f"reads input {r} that the kernel overwrites"
@@ -195,6 +200,11 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
         return str(e)
     for c in kernel.nodes:
         for r in kernel.reads(c):
+            if r.name == b.mutates and r.index != kernel.store_index(b):
+                # read-then-write of one element in one iteration is safe; any other element
+                # may be read by another iteration after this one overwrote it
+                return (f"writes input {b.mutates} at [{kernel.store_index(b)}] that {c.name} "
+                        f"reads at [{r.index}]")
             if r.name in names or r.name == b.name:
                 p = by_name[r.name]
                 if kernel.level[c.name] == "outer" and kernel.level[p.name] == "inner":

@@ -163,8 +163,8 @@ def foreach_samples(dtype: torch.dtype) -> list[Sample]:
     for op in DECOMPOSITIONS:
         if op._schema.name.startswith("aten::_foreach_"):
             args = [a for a in op._schema.arguments if not a.has_default_value()]
-            out.append(Sample(f"{op._schema.name[6:]}.{op._overloadname}", op, tuple(make(a) for a in args)))
+            out.append(sample(f"{op._schema.name[6:]}.{op._overloadname}", op, tuple(make(a) for a in args)))
     signed = [tensor(3, 4, dtype=dtype), tensor(5, dtype=dtype, noncontig=True)]
-    out += [Sample(f"_foreach_norm_{order}", aten._foreach_norm.Scalar, (signed, order))
+    out += [sample(f"_foreach_norm_{order}", aten._foreach_norm.Scalar, (signed, order))
             for order in (float("inf"), 1, 0, 3)]
     return out

@@ -28,9 +28,11 @@ aten = torch.ops.aten
 
 # The pipeline's stages, in DESIGN.md's order. The core is these plus the top-level modules.
 STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", "runtime")
-# The review's goal was 10,000 lines; the core measured 10,193 when this check was added, so the
-# budget sits just above that. Lower it as code is removed, never raise it by habit.
-CORE_LINE_BUDGET = 10_500
+# The review's goal was 10,000 lines; the core measured 10,193 when this check was added. Compiled
+# optimizer steps, aliasing, mutating custom ops, modes/options, CUDA graphs, CPU autotuning, profiler
+# events and the printable loop IR then added about 1,150 lines (11,345). The budget sits just
+# above that: lower it as code is removed, never raise it by habit.
+CORE_LINE_BUDGET = 11_500
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

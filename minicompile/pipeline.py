@@ -54,13 +54,21 @@ class CompiledGraph:
     lifted: tuple = ()          # the graph's tensor attributes, passed after the caller's inputs
 
     def __post_init__(self):
+        # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
+        # tensor's version counter, which autograd checks ("modified by an inplace operation").
+        written = set(self.loop_graph.mutations.values())
+        self._mutated = tuple(b.position for b in self.loop_graph.inputs if b.name in written)
         # Dynamo graphs return a flat tuple: the wrapper's result is already the answer
         flat_tuple = pytree.tree_unflatten([0] * self.out_spec.num_leaves, self.out_spec)
         self._returns_flat_tuple = (type(flat_tuple) is tuple and self.out_spec.num_leaves == len(flat_tuple)
                                     and self.out_spec.num_nodes == len(flat_tuple) + 1)
 
     def __call__(self, *args):
-        flat = self.run(args + self.lifted if self.lifted else args)
+        if self.lifted:
+            args = args + self.lifted
+        flat = self.run(args)
+        if self._mutated:
+            torch.autograd.graph.increment_version([args[k] for k in self._mutated])
         if self._returns_flat_tuple:
             return flat
         return pytree.tree_unflatten(list(flat), self.out_spec)

@@ -102,3 +102,15 @@ def test_mutating_custom_op_is_an_extern_with_a_reason():
     c = compile_graph(torch.fx.symbolic_trace(f), [x])
     torch.testing.assert_close(c(x), f(x))
     assert any("scale_" in e.op for e in c.externs)
+
+
+def test_a_compiled_mutation_bumps_the_version_counter_as_eager_does():
+    """Autograd must still see that a tensor it saved was changed in place."""
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda p: p.mul_(2)), [torch.ones(3)])
+    w, p = torch.ones(3, requires_grad=True), torch.ones(3)
+    loss = (w * p).sum()            # saves p for backward
+    version = p._version
+    compiled(p)
+    assert p._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

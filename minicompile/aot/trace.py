@@ -73,10 +73,24 @@ def functionalize(gm, ctx: PassContext):
 
     def run_graph(*args):
         # node by node, so each ATen node inherits its source node's stack trace
-        return torch.fx.Interpreter(gm).run(*args)
+        return (SymbolicInterpreter if ctx.symbolic else torch.fx.Interpreter)(gm).run(*args)
 
     with _tracing(ctx):
         return _make_fx(torch.func.functionalize(run_graph, remove="mutations"), ctx)
+
+
+# Torch functions whose C++ composite reads sizes as plain ints (at::linear flattens a 3-d input
+# with input.sizes()), which would specialise a symbolic size: with symbolic inputs they run as
+# our decomposition instead, before the dispatcher sees them.
+SYMBOLIC_PREDECOMPOSE = {torch._C._nn.linear: aten.linear.default}
+
+
+class SymbolicInterpreter(torch.fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        op = SYMBOLIC_PREDECOMPOSE.get(target)
+        if op in DECOMPOSITIONS:
+            return DECOMPOSITIONS[op](*args, **kwargs)
+        return super().call_function(target, args, kwargs)
 
 
 def leftover_inplace(gm, ctx: PassContext):

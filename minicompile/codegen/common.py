@@ -24,7 +24,8 @@ from typing import Callable
 
 import torch
 
-from minicompile.ir.nodes import Buffer, Reduction
+from minicompile.ir.expr import Expr, NotSymbolic, symbols_of
+from minicompile.ir.nodes import Buffer, Reduction, prod
 from minicompile.ir.ops import compute_dtype
 
 ARG_REDUCTIONS = ("argmax", "argmin")  # the result is an index; the accumulator holds the values
@@ -92,10 +93,34 @@ def acc_dtype(node, wide_sums_above: int | None) -> torch.dtype:
     if kind in ARG_REDUCTIONS:
         return compute_dtype(node.data.src_dtype)
     dt = compute_dtype(node.dtype)
+    count = prod(node.data.reduction_ranges)  # symbolic: any length, so as wide as the longest
     if (wide_sums_above is not None and kind in ("sum", "prod") and dt == torch.float32
-            and math.prod(int(r) for r in node.data.reduction_ranges) > wide_sums_above):
+            and (isinstance(count, Expr) or count > wide_sums_above)):
         return torch.float64
     return dt
+
+
+def graph_symbols(graph) -> dict:
+    """Each size symbol of a LoopGraph -> where the wrapper reads it at call time: ``(position,
+    dim)``, dimension ``dim`` of input ``position``, or ``(position, None)``, an int input.
+    A symbol that is no input's whole size (only ``2*s0`` seen) raises NotSymbolic."""
+    where = {}
+    for pos, p in enumerate(graph.placeholders):
+        if isinstance(p, Expr) and len(p.terms) == 1 and p.terms[0][1] == 1 and not p.const:
+            where.setdefault(p.terms[0][0].name, (pos, None))
+        elif isinstance(p, Buffer):
+            for dim, s in enumerate(p.layout.size):
+                if isinstance(s, Expr) and len(s.terms) == 1 and s.terms[0][1] == 1 and not s.const:
+                    where.setdefault(s.terms[0][0].name, (pos, dim))
+    used = set()
+    for b in (*graph.inputs, *graph.buffers):
+        if b.layout is not None:
+            for s in (*b.layout.size, *b.layout.stride, b.layout.offset):
+                used |= {sym.name for sym in symbols_of(s)}
+    missing = used - set(where)
+    if missing:
+        raise NotSymbolic(f"symbols {sorted(missing)} are no input's size")
+    return dict(sorted(where.items()))
 
 
 def identity_value(identity, dtype: torch.dtype):

@@ -16,12 +16,12 @@ from typing import Iterator
 
 import torch
 
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
-from minicompile.ir.expr import atoms_of
+from minicompile.ir.expr import Expr, atoms_of
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import Reduction
+from minicompile.ir.nodes import Reduction, is_static
 from minicompile.ir.ops import compute_dtype
 from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp
 from minicompile.scheduler.caps import BackendCaps
@@ -164,13 +164,16 @@ class CppKernel(KernelRenderer):
     WIDE_SUMS_ABOVE = 8192
     literal = staticmethod(literal)
 
-    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
+    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict, symbols=()):
         super().__init__(kernel, buffers, storage, sources)
         k = kernel
         self.arg_of = {a.name: a for a in self.args}
-        self.work = k.outer_numel * max(k.inner_numel, 1)
+        self.symbols = symbols  # the graph's size symbols; those this kernel names become arguments
+        self.static = is_static([k.outer_numel, k.inner_numel])
+        self.work = k.outer_numel * (max(k.inner_numel, 1) if self.static else k.inner_numel)
         # one row, many threads: per-thread partial results combined at the end
-        self.inner_parallel = (k.is_reduction and k.outer_numel == 1 and self.work >= config.parallel_threshold
+        self.inner_parallel = (self.static and k.is_reduction and k.outer_numel == 1
+                               and self.work >= config.parallel_threshold
                                and all(_vectorisable(n.data.reduction_type) for n in reductions_of(k.nodes)))
         # inline sin/cos need a redo of the row when an argument is out of their range, which is
         # only sound when the loop has no accumulators and writes no buffer it reads. None: the
@@ -193,13 +196,16 @@ class CppKernel(KernelRenderer):
                       hoisted=self.hoisted, read_only=self.read_only, outside=self.outside, **kwargs)
 
     def render(self) -> str:
+        body = ["    " + ln for ln in self._outer()]
+        named = set(re.findall(r"\b\w+\b", "\n".join(body)))
+        self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
+        params = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}  // {a.describe()}" for a in self.args]
+        params += [f"int64_t {s}  // a size, known at call time" for s in self.size_args]
         lines = self.header() + [f'extern "C" void {self.k.name}(']
-        for i, a in enumerate(self.args):
-            comma = "," if i < len(self.args) - 1 else ""
-            lines.append(f"    {'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}{comma}  // {a.describe()}")
-        lines += [")", "{"]
-        lines += ["    " + ln for ln in self._outer()]
-        lines.append("}")
+        for i, p in enumerate(params):
+            code, comment = p.split("  // ")
+            lines.append(f"    {code}{',' if i < len(params) - 1 else ''}  // {comment}")
+        lines += [")", "{"] + body + ["}"]
         return "\n".join(lines)
 
     # -- loops ------------------------------------------------------------------------------
@@ -212,20 +218,23 @@ class CppKernel(KernelRenderer):
         dims = list(zip(k.outer_vars, k.outer_ranges))
         if not dims:
             return hoisted + body
-        parallel = self.work >= config.parallel_threshold and not self.inner_parallel
+        # symbolic sizes: threads or not is decided at run time, from the actual amount of work
+        parallel = (self.work >= config.parallel_threshold if self.static else True) and not self.inner_parallel
+        at_run_time = "" if self.static else f" if({_size(self.work)} >= {config.parallel_threshold})"
         simd_inner = not k.is_reduction
         headers = []
         for d, (v, size) in enumerate(dims):
             hdr = []
             if d == 0 and parallel:
                 collapse = 1
-                if size < 64 and len(dims) > 1:
+                if is_static([size]) and size < 64 and len(dims) > 1:
                     collapse = len(dims) - 1 if simd_inner else len(dims)
                 simd = " simd" if simd_inner and len(dims) == 1 else ""  # a flat loop: threads and lanes
-                hdr.append("#pragma omp parallel for" + simd + (f" collapse({collapse})" if collapse > 1 else ""))
+                hdr.append("#pragma omp parallel for" + simd + (f" collapse({collapse})" if collapse > 1 else "")
+                           + at_run_time)
             elif d == len(dims) - 1 and simd_inner:
                 hdr.append("#pragma omp simd")
-            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
+            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
             headers.append(hdr)
         if self.trig_args:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
@@ -239,11 +248,12 @@ class CppKernel(KernelRenderer):
         v, size = dims[-1]
         if len(dims) == 1:
             start = f"{v.name}_row"
-            pragma = ["#pragma omp parallel for"] if parallel else []
-            headers = [pragma + [f"for (int64_t {start} = 0; {start} < {size}; {start} += {TRIG_ROW})"]]
-            lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {size})"
+            at_run_time = "" if self.static else f" if({_size(self.work)} >= {config.parallel_threshold})"
+            pragma = ["#pragma omp parallel for" + at_run_time] if parallel else []
+            headers = [pragma + [f"for (int64_t {start} = 0; {start} < {_size(size)}; {start} += {TRIG_ROW})"]]
+            lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {_size(size)})"
         else:
-            headers, lo, hi = headers[:-1], "0", str(size)
+            headers, lo, hi = headers[:-1], "0", _size(size)
         checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(self.trig_args)]
         library = [_FAST_TRIG.sub(r"std::\1(", ln) for ln in body]
         loop = f"for (int64_t {v.name} = {lo}; {v.name} < {hi}; ++{v.name})"
@@ -334,7 +344,7 @@ class CppKernel(KernelRenderer):
         clause = _simd_clauses(reds, accs)
         for d, (v, size) in enumerate(dims):
             hdr = [f"#pragma omp simd {clause}".rstrip()] if d == len(dims) - 1 and simd else []
-            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})")
+            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
             headers.append(hdr)
         return pre + _nest(headers, inner_lines) + post
 
@@ -430,6 +440,11 @@ def _simd_clauses(reds, accs) -> str:
     return " ".join(clauses)
 
 
+def _size(s) -> str:
+    """A loop bound or amount of work in C++: a number, or an expression over size arguments."""
+    return _R.render(s) if isinstance(s, Expr) else str(s)
+
+
 def _cast(value: CV, dtype: torch.dtype) -> str:
     """``value`` as a C++ value of compute type ``dtype``: itself when it is one already."""
     return str(value) if value.dtype == dtype else f"static_cast<{CTYPE[dtype]}>({value})"
@@ -465,10 +480,11 @@ class CppBackend:
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel."""
         parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
+        symbols = tuple(graph_symbols(graph))
         for kernel in plan.kernels:
-            ck = CppKernel(kernel, graph.by_name, graph.mutations, graph.sources)
+            ck = CppKernel(kernel, graph.by_name, graph.mutations, graph.sources, symbols)
             parts += [ck.render(), ""]
-            args[kernel.name] = [a.name for a in ck.args]
+            args[kernel.name] = [a.name for a in ck.args] + ck.size_args
         return GeneratedKernels("\n".join(parts), args, "cpp")
 
     def load(self, generated: GeneratedKernels):

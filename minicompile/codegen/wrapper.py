@@ -7,6 +7,10 @@ hands it the kernel library), allocates outputs with eager's strides (large CPU 
 the pool, chosen when the wrapper is generated), and hands a dead intermediate's memory to
 the next buffer of the same size and dtype.
 
+With symbolic sizes the wrapper binds each symbol at call time (``s77 = arg1.size(0)``, or
+the int input Dynamo passes), sizes its buffers with expressions over the symbols, and
+passes the symbols a kernel names after its pointers.
+
 ``call`` first checks one flag, whether a torch profiler is running; if one is, it runs
 ``call_profiled`` instead: the same steps, with the graph call, each kernel call (by kernel
 name) and each extern call (by op name) recorded as profiler events (docs/modes.md).
@@ -17,6 +21,8 @@ import math
 
 import torch
 
+from minicompile.codegen.common import graph_symbols
+from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
 from minicompile.runtime import host_pool
@@ -34,6 +40,7 @@ class WrapperCode:
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
         self.by_name = {b.name: b for b in graph.buffers}
+        self.symbols = graph_symbols(graph)  # symbol -> (input position, dim or None)
 
     def _ref(self, obj) -> str:
         self.externs.append(obj)
@@ -42,6 +49,8 @@ class WrapperCode:
     def value(self, a) -> str:
         if isinstance(a, StorageView):
             return self.view(a)
+        if isinstance(a, Expr):
+            return PythonRenderer().render(a)
         if isinstance(a, (list, tuple)):
             inner = ", ".join(self.value(x) for x in a)
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
@@ -66,7 +75,9 @@ class WrapperCode:
 
     def generate(self) -> str:
         graph = self.graph
-        names = [p.name if isinstance(p, InputBuffer) else "_" for p in graph.placeholders]
+        int_inputs = {pos: sym for sym, (pos, dim) in self.symbols.items() if dim is None}
+        names = [p.name if isinstance(p, InputBuffer) else int_inputs.get(k, "_") for k, p in enumerate(graph.placeholders)]
+        sizes = [f"{sym} = {names[pos]}.size({dim})" for sym, (pos, dim) in self.symbols.items() if dim is not None]
         last_use = self._last_uses()
         outputs = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
         pool: dict = {}
@@ -78,7 +89,7 @@ class WrapperCode:
                 for n in step.nodes:
                     if n.name not in step.local and n.name not in step.scratch and not n.mutates:
                         L.append(self._alloc(n, pool, outputs))
-                ptrs = ", ".join(f"{p}{self.suffix}" for p in self.kernel_args[step.name])
+                ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[step.name])
                 L.append(f"{step.name}({ptrs})")
             else:
                 b = step.buffer
@@ -123,7 +134,7 @@ class WrapperCode:
         head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")
-        unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] if names else []
+        unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] + sizes if names else []
         ret_line = f"return ({ret}{',' if len(graph.outputs) == 1 else ''})"
         profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
         plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",
@@ -147,7 +158,7 @@ class WrapperCode:
             return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
                 f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
         nbytes = lay.storage_numel() * lay.dtype.itemsize
-        if lay.device.type == "cpu" and nbytes >= host_pool.MIN_BYTES:  # decided here, not on every call
+        if lay.device.type == "cpu" and not isinstance(nbytes, Expr) and nbytes >= host_pool.MIN_BYTES:  # decided here, not on every call
             return f"{n.name} = pooled({lay.size}, {lay.stride}, {lay.dtype}, {nbytes})"
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")

@@ -6,12 +6,27 @@ memory at run time. Expressions are immutable, hashable and simplified on constr
 using the range of each loop variable: ``(x // 8) * 8 + x % 8`` folds back to ``x`` and
 ``(64*i + j) // 64`` to ``i`` when ``j < 64``. That keeps fused kernels' indices linear
 (so C++ loops vectorize) without a symbolic algebra package.
+
+Sizes may be *symbols* (``Sym``, e.g. Dynamo's ``s77``): a size that changes between calls,
+at least 2 (sizes 0 and 1 are specialised) and passed to kernels at run time. A symbolic
+stride makes an index a polynomial (``Prod`` atoms such as ``s77*i0``). Every
+simplification above is a range argument, and a symbol's range (2 .. SYM_MAX) is a true
+bound, so they stay valid for every size. Dividing by a symbol is only done where the
+quotient is exact by construction (``split_by``); anything else raises NotSymbolic, and the
+graph is compiled per shape instead.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Callable, Union
+
+
+SYM_MAX = 1 << 40  # the largest size a symbol is assumed to take (a bound for range arguments)
+
+
+class NotSymbolic(Exception):
+    """This graph (an op, an index, a loop plan) cannot be compiled with symbolic sizes."""
 
 
 class Atom:
@@ -24,13 +39,51 @@ class Atom:
 @dataclass(frozen=True, order=True)
 class Var(Atom):
     name: str
-    size: int  # the variable runs over 0 .. size-1
+    size: Union[int, "Expr"]  # the variable runs over 0 .. size-1 (an Expr when symbolic)
 
     def range(self):
+        if isinstance(self.size, Expr):
+            return (0, self.size.range()[1] - 1)
         return (0, max(self.size - 1, 0))
 
     def render(self, r: "Renderer") -> str:
         return self.name
+
+
+@dataclass(frozen=True, order=True)
+class Sym(Atom):
+    """A symbolic size: known only when the compiled graph is called."""
+    name: str
+
+    def range(self):
+        return (2, SYM_MAX)
+
+    def render(self, r: "Renderer") -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Prod(Atom):
+    """A product of two or more atoms (sorted): ``s77*i0`` where a stride is symbolic."""
+    factors: tuple
+
+    def range(self):
+        lo, hi = 1, 1
+        for f in self.factors:
+            flo, fhi = f.range()
+            if flo < 0:
+                raise NotSymbolic(f"a product with a factor that may be negative: {f}")
+            lo, hi = lo * flo, min(hi * fhi, SYM_MAX * SYM_MAX)
+        return (lo, hi)
+
+    def render(self, r: "Renderer") -> str:
+        return "*".join(r.render(Expr.of(f)) if not isinstance(f, (Var, Sym)) else f.render(r) for f in self.factors)
+
+
+def _times(a: Atom, b: Atom) -> Atom:
+    fa = a.factors if isinstance(a, Prod) else (a,)
+    fb = b.factors if isinstance(b, Prod) else (b,)
+    return Prod(tuple(sorted(fa + fb, key=_atom_key)))
 
 
 @dataclass(frozen=True)
@@ -126,13 +179,33 @@ class Expr:
             elif self.is_const:
                 return k * self.const
             else:
-                raise TypeError("index expressions are linear: cannot multiply two variables")
+                return self._poly_mul(k)
         k = int(k)
         return Expr._make({a: c * k for a, c in self.terms}, self.const * k)
 
     __rmul__ = __mul__
 
-    def __floordiv__(self, d: int) -> "Expr":
+    def _poly_mul(self, other: "Expr") -> "Expr":
+        """A product where both sides vary: legal when it stays a polynomial in symbols (a
+        symbolic stride times a loop variable), never for two loop variables."""
+        coefs: dict = {}
+        for a, c in self.terms + ((None, self.const),):
+            for b, d in other.terms + ((None, other.const),):
+                key = a if b is None else b if a is None else _times(a, b)
+                if key is None:
+                    continue
+                coefs[key] = coefs.get(key, 0) + c * d
+        if any(sum(isinstance(f, Var) for f in (k.factors if isinstance(k, Prod) else ())) > 1 for k in coefs):
+            raise TypeError("index expressions are linear in loop variables: cannot multiply two variables")
+        return Expr._make(coefs, self.const * other.const)
+
+    @property
+    def is_symbolic(self) -> bool:
+        return bool(symbols_of(self))
+
+    def __floordiv__(self, d) -> "Expr":
+        if isinstance(d, Expr) and not d.is_const:
+            return self.split_by(d)[0]
         d = int(d)
         if d == 1:
             return self
@@ -156,7 +229,9 @@ class Expr:
             return q + big // (d // m)
         return q + Expr.of(FloorDiv(r, d))
 
-    def __mod__(self, d: int) -> "Expr":
+    def __mod__(self, d) -> "Expr":
+        if isinstance(d, Expr) and not d.is_const:
+            return self.split_by(d)[1]
         d = int(d)
         if d == 1:
             return Expr.of(0)
@@ -174,6 +249,28 @@ class Expr:
             m, big, small = split
             return (big % (d // m)) * m + small
         return Expr.of(Mod(r, d))
+
+    def split_by(self, d: "Expr") -> tuple:
+        """(self // d, self % d) for a symbolic ``d``, when exact by construction: the terms
+        that are multiples of ``d`` form the quotient and the rest provably lies in [0, d)
+        (its largest value, a sum of loop variables' ``size - 1``, is at most ``d - 1``)."""
+        if len(d.terms) != 1 or d.const != 0 or d.terms[0][1] <= 0:
+            raise NotSymbolic(f"division by {d}")
+        div, k = d.terms[0]
+        dfs = div.factors if isinstance(div, Prod) else (div,)
+        quot, rest = {}, {}
+        for a, c in self.terms:
+            fs = list(a.factors if isinstance(a, Prod) else (a,))
+            if c % k == 0 and all(f in fs and not fs.remove(f) for f in dfs):
+                key = None if not fs else fs[0] if len(fs) == 1 else Prod(tuple(fs))
+                quot[key] = quot.get(key, 0) + c // k
+            else:
+                rest[a] = c
+        q = Expr._make({k: c for k, c in quot.items() if k is not None}, quot.get(None, 0))
+        r = Expr._make(rest, self.const)
+        if not _below(r, d):
+            raise NotSymbolic(f"cannot prove 0 <= {r} < {d}")
+        return q, r
 
     def clamp(self, lo: int, hi: int) -> "Expr":
         rlo, rhi = self.range()
@@ -217,9 +314,28 @@ class Expr:
     __repr__ = __str__
 
 
+def _below(r: Expr, d: Expr) -> bool:
+    """0 <= r < d for every size: r's terms are loop variables with non-negative
+    coefficients, and d - 1 - max(r) is a constant >= 0."""
+    top = Expr.of(r.const)
+    for a, c in r.terms:
+        if not isinstance(a, Var) or c < 0:
+            return False
+        top = top + (Expr.of(a.size) - 1) * c
+    slack = d - 1 - top
+    return r.const >= 0 and slack.is_const and slack.const >= 0
+
+
 def _subst_atom(a: Atom, mapping: dict) -> Expr:
     if isinstance(a, Var):
         return Expr.of(mapping.get(a, a))
+    if isinstance(a, Sym):
+        return Expr.of(a)
+    if isinstance(a, Prod):
+        out = Expr.of(1)
+        for f in a.factors:
+            out = out * _subst_atom(f, mapping)
+        return out
     if isinstance(a, FloorDiv):
         return a.arg.substitute(mapping) // a.divisor
     if isinstance(a, Mod):
@@ -235,9 +351,35 @@ def atoms_of(e: Expr) -> set:
     for a, _ in e.terms:
         if isinstance(a, Var):
             out.add(a)
-        else:
+        elif isinstance(a, Prod):
+            out |= {f for f in a.factors if isinstance(f, Var)}
+        elif not isinstance(a, Sym):
             out |= atoms_of(a.arg)
     return out
+
+
+def symbols_of(e) -> set:
+    """Every size symbol (Sym) that ``e`` (an Expr, or an int) depends on, at any depth."""
+    if not isinstance(e, Expr):
+        return set()
+    out = set()
+    for a, _ in e.terms:
+        if isinstance(a, Sym):
+            out.add(a)
+        elif isinstance(a, Prod):
+            out |= set().union(*(symbols_of(Expr.of(f)) for f in a.factors))
+        elif isinstance(a, Var):
+            out |= symbols_of(a.size)
+        else:
+            out |= symbols_of(a.arg)
+    return out
+
+
+def size_value(s) -> Union[int, Expr]:
+    """A size as the IR keeps it: a python int when it is one, else a symbolic Expr."""
+    if isinstance(s, Expr):
+        return s.const if s.is_const else s
+    return int(s)
 
 
 def _split_below(e: Expr, d: int):
@@ -321,7 +463,7 @@ def flat_index(index: list, strides) -> Expr:
 
 
 def make_vars(prefix: str, sizes) -> list[Var]:
-    return [Var(f"{prefix}{k}", int(s)) for k, s in enumerate(sizes)]
+    return [Var(f"{prefix}{k}", size_value(s)) for k, s in enumerate(sizes)]
 
 
 IndexFn = Callable[[list], list]

@@ -17,19 +17,58 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from minicompile.ir.expr import Expr, flat_index, make_vars
+from minicompile.ir.expr import Expr, NotSymbolic, Sym, flat_index, make_vars, size_value
 
 
-def prod(xs) -> int:
-    return math.prod(int(x) for x in xs)
+def prod(xs):
+    """The product of sizes: an int, or an Expr when a size is symbolic."""
+    out = 1
+    for x in xs:
+        out = out * x if isinstance(x, Expr) or isinstance(out, Expr) else out * int(x)
+    return size_value(out)
 
 
-def contiguous_strides(size) -> tuple[int, ...]:
+def contiguous_strides(size) -> tuple:
     strides, acc = [], 1
     for s in reversed(size):
         strides.append(acc)
-        acc *= max(int(s), 1)
+        acc = size_value(acc * s) if isinstance(s, Expr) or isinstance(acc, Expr) else acc * max(int(s), 1)
     return tuple(reversed(strides))
+
+
+def is_static(sizes) -> bool:
+    return not any(isinstance(s, Expr) for s in sizes)
+
+
+def sym_value(x):
+    """A torch int or SymInt as the IR keeps it: an int, or an Expr over Sym atoms
+    (``s77``, ``16*s77``, ``s27*s77``). A size the index algebra cannot represent (a
+    FloorDiv of symbols, a Max) raises NotSymbolic."""
+    if not isinstance(x, torch.SymInt):
+        return int(x)
+    as_int = x.node.maybe_as_int()
+    return as_int if as_int is not None else _from_sympy(x.node.expr)
+
+
+def shape_of(t: torch.Tensor) -> tuple:
+    return tuple(sym_value(s) for s in t.shape)
+
+
+def strides_of(t: torch.Tensor) -> tuple:
+    return tuple(sym_value(s) for s in t.stride())
+
+
+def _from_sympy(e):
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        return Expr.of(Sym(e.name))
+    parts = [_from_sympy(a) for a in e.args]
+    if e.is_Add:
+        return size_value(sum(parts[1:], Expr.of(parts[0])))
+    if e.is_Mul:
+        return prod(parts)
+    raise NotSymbolic(f"the size {e} is not a polynomial in the symbols")
 
 
 @dataclass(frozen=True)
@@ -43,8 +82,8 @@ class Layout:
 
     @staticmethod
     def of(t: torch.Tensor) -> "Layout":
-        return Layout(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()),
-                      int(t.storage_offset()), t.dtype, t.device)
+        return Layout(tuple(sym_value(s) for s in t.shape), tuple(sym_value(s) for s in t.stride()),
+                      sym_value(t.storage_offset()), t.dtype, t.device)
 
     def index(self, idx) -> Expr:
         return flat_index(idx, self.stride) + self.offset

@@ -24,7 +24,7 @@ from minicompile.config import config
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
-                                  contiguous_strides, iteration_vars)
+                                  contiguous_strides, iteration_vars, prod, shape_of, strides_of, sym_value)
 from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import Unsupported, lowering_for
 
@@ -89,8 +89,8 @@ class GraphLowering:
         meta = node.meta.get("val")
         if isinstance(value, StorageView):
             return value
-        if isinstance(meta, torch.Tensor) and tuple(meta.shape) == tuple(value.size):
-            lay = Layout(tuple(meta.shape), tuple(meta.stride()), 0, value.dtype, value.device)
+        if isinstance(meta, torch.Tensor) and shape_of(meta) == tuple(value.size):
+            lay = Layout(shape_of(meta), strides_of(meta), 0, value.dtype, value.device)
             if lay.storage_numel() == _numel(lay.size):  # dense: same strides as eager
                 return self.realize(value, lay, origins=[node.name])
         return self.realize(value, origins=[node.name])
@@ -117,6 +117,8 @@ class GraphLowering:
             self.inputs.append(buf)
             self.placeholders.append(buf)
             return StorageView.whole(buf)
+        if isinstance(val, torch.SymInt):  # a symbolic size Dynamo passes as an input
+            val = sym_value(val)
         self.placeholders.append(val)
         return val
 
@@ -135,6 +137,8 @@ class GraphLowering:
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
         if node.target is operator.getitem:
             return args[0][args[1]]
+        if isinstance(node.meta.get("val"), torch.SymInt):  # sym_size and arithmetic on sizes
+            return sym_value(node.meta["val"])
         reason = _unsupported_dtype(node)
         if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
             return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
@@ -218,7 +222,7 @@ class GraphLowering:
             if root_node is not None and not isinstance(root, ReindexView):
                 base = self.realize_as_node(root, root_node)
                 meta = node.meta["val"]
-                view = StorageView(base.buffer, tuple(meta.shape), tuple(meta.stride()), int(meta.storage_offset()))
+                view = StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
                 if view.buffer.layout.storage_numel() >= _view_extent(view):
                     return view
         return self.realize_as_node(value, node)
@@ -272,11 +276,8 @@ def _view_extent(view: StorageView) -> int:
     return Layout(view.size, view.stride, view.offset, view.dtype, view.device).storage_numel()
 
 
-def _numel(size) -> int:
-    n = 1
-    for s in size:
-        n *= int(s)
-    return n
+def _numel(size):
+    return prod(size)
 
 
 def _layout_or_none(meta):

@@ -7,7 +7,7 @@ import torch
 
 from minicompile.ir.expr import Expr
 from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
-                                  iteration_vars)
+                                  iteration_vars, shape_of)
 from minicompile.ir.ops import RecordOps, compute_dtype
 from minicompile.lowering.pointwise import broadcast_loader
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -44,7 +44,7 @@ def constant_value(node, value):
         value = int(value)
     else:
         value = float(value)
-    return Lazy(dtype, meta.device, tuple(meta.shape),
+    return Lazy(dtype, meta.device, shape_of(meta),
                 lambda ops, idx: ops.constant(value, compute_dtype(dtype)), [node.name])
 
 
@@ -94,13 +94,13 @@ def arange(lw, node, *args, **kwargs):
         v = ops.pointwise("add", ops.pointwise("mul", i, ops.constant(float(step), torch.float64), dtype=torch.float64),
                           ops.constant(float(start), torch.float64), dtype=torch.float64)
         return ops.to_dtype(v, cdt)
-    return Lazy(dtype, meta.device, tuple(meta.shape), body, [node.name])
+    return Lazy(dtype, meta.device, shape_of(meta), body, [node.name])
 
 
 @register_lowering(aten.cat.default)
 def cat(lw, node, tensors, dim=0):
     meta = node.meta["val"]
-    size = tuple(meta.shape)
+    size = shape_of(meta)
     dim = dim + len(size) if dim < 0 else dim
     # legacy: 1-D empty tensors are skipped whatever the other tensors' rank
     parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] > 0]
@@ -134,7 +134,7 @@ def cat(lw, node, tensors, dim=0):
 @register_lowering(aten.constant_pad_nd.default)
 def constant_pad_nd(lw, node, x, pad, value=0):
     meta = node.meta["val"]
-    size = tuple(meta.shape)
+    size = shape_of(meta)
     ndim = len(size)
     dtype = meta.dtype
     cdt = compute_dtype(dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from minicompile.ir.nodes import Lazy, TensorValue
+from minicompile.ir.nodes import Lazy, TensorValue, shape_of
 from minicompile.ir.ops import POINTWISE_OPS, aten_overloads, compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
@@ -42,7 +42,7 @@ def make_pointwise(op: str):
 
     def lower(lw, node, *args, **kwargs):
         meta = out_meta(node)
-        size = tuple(meta.shape)
+        size = shape_of(meta)
         if row.int_div and not meta.dtype.is_floating_point:
             _int_divisor_ok(args[1])
         cdtype = compute_dtype(_promote_all(node, args) if row.bool_result else meta.dtype)
@@ -140,7 +140,7 @@ def pow_(lw, node, a, b):
 
 def _clamp(lw, node, x, lo=None, hi=None):
     meta = out_meta(node)
-    size = tuple(meta.shape)
+    size = shape_of(meta)
     cdtype = compute_dtype(meta.dtype)
     loads = [broadcast_loader(v, size) for v in (x, lo, hi)]
 

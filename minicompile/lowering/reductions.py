@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from minicompile.ir.expr import Expr
-from minicompile.ir.nodes import ComputedBuffer, Layout, Lazy, Reduction, StorageView, contiguous_strides, prod
+from minicompile.ir.nodes import (ComputedBuffer, Layout, Lazy, Reduction, StorageView, contiguous_strides, prod,
+                                  shape_of, strides_of)
 from minicompile.ir.ops import compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 from minicompile.lowering.views import make_view, view
@@ -52,8 +53,8 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
         return body(ops, full_index(index, rindex))
 
     meta = node.meta.get("val") if node is not None else None
-    if isinstance(meta, torch.Tensor) and meta.dtype == out_dtype and tuple(meta.shape) == out_size:
-        layout = Layout(out_size, tuple(meta.stride()), 0, out_dtype, x.device)
+    if isinstance(meta, torch.Tensor) and meta.dtype == out_dtype and shape_of(meta) == out_size:
+        layout = Layout(out_size, strides_of(meta), 0, out_dtype, x.device)
     else:
         layout = Layout(out_size, contiguous_strides(out_size), 0, out_dtype, x.device)
     data = Reduction(out_size, red_size, reduction_type, default_body if body is None else custom_body, src_dtype)
@@ -133,7 +134,7 @@ def mean(lw, node, x, dims, keepdim=False, *, dtype=None):
     x = _cast(x, out.dtype) if x.dtype != out.dtype else x
     n = _count(x, dims)
     total = reduce(lw, x, dims, keepdim, "sum", cdt, name_node=node)
-    return _div(total, float(n), out.dtype, node)
+    return _div(total, n if isinstance(n, Expr) else float(n), out.dtype, node)
 
 
 @register_lowering([aten.var.correction, aten.var_mean.correction])
@@ -162,7 +163,7 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
     total = reduce(lw, x, rdims, True, "sum", cdt, body=shifted, name_node=node)
     load_t = total.loader()
     mean_keep = Lazy(cdt, x.device, total.size, lambda ops, idx: ops.pointwise(
-        "add", first(ops, idx), ops.pointwise("truediv", load_t(ops, idx), ops.constant(float(n), cdt), dtype=cdt),
+        "add", first(ops, idx), ops.pointwise("truediv", load_t(ops, idx), _number(ops, n, cdt), dtype=cdt),
         dtype=cdt))
     load_m = mean_keep.loader()
 
@@ -171,7 +172,9 @@ def var(lw, node, x, dims=None, *, correction=None, keepdim=False):
         d = ops.pointwise("sub", ops.to_dtype(load_x(ops, index), cdt), load_m(ops, m_index), dtype=cdt)
         return ops.pointwise("mul", d, d, dtype=cdt)
     m2 = reduce(lw, x, rdims, keepdim, "sum", cdt, body=sq_dev, name_node=node)
-    variance = _div(m2, float(max(n - correction, 0)), out0.dtype, node)
+    if isinstance(n, Expr) and correction > 1:  # n - correction could be negative for a small size
+        raise Unsupported("not supported symbolically: var with correction > 1")
+    variance = _div(m2, n - correction if isinstance(n, Expr) else float(max(n - correction, 0)), out0.dtype, node)
     if node.target is aten.var_mean.correction:
         mean_out = _cast(mean_keep, out0.dtype, node)
         if not keepdim:  # the keepdim sum serves both: drop its size-1 dims
@@ -202,11 +205,16 @@ def _cast(x, dtype, node=None):
                 [node.name] if node is not None else [])
 
 
+def _number(ops, n, dtype):
+    """A count as a value in a loop body: a literal, or the symbolic size read at run time."""
+    return ops.index_expr(n, dtype) if isinstance(n, Expr) else ops.constant(float(n), dtype)
+
+
 def _div(x, divisor, dtype, node):
     load = x.loader()
     cdt = compute_dtype(dtype)
 
     def body(ops, idx):
         v = ops.to_dtype(load(ops, idx), cdt)
-        return ops.to_dtype(ops.pointwise("truediv", v, ops.constant(divisor, cdt), dtype=cdt), dtype)
+        return ops.to_dtype(ops.pointwise("truediv", v, _number(ops, divisor, cdt), dtype=cdt), dtype)
     return Lazy(dtype, x.device, tuple(x.size), body, [node.name] if node is not None else [])

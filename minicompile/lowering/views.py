@@ -7,13 +7,19 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 """
 from __future__ import annotations
 
-from minicompile.ir.expr import Expr, Var, make_vars
-from minicompile.ir.nodes import InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, prod
+from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
+from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, is_static,
+                                  prod, shape_of, sym_value)
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 
 def make_view(base: TensorValue, size, reindex) -> TensorValue:
-    size = tuple(int(s) for s in size)
+    size = tuple(size_value(s) for s in size)
+    if not is_static(size):
+        try:  # a symbolic view whose index math needs an unprovable division runs eagerly
+            reindex([Expr.of(v) for v in make_vars("v", size)])
+        except NotSymbolic as e:
+            raise Unsupported(f"not supported symbolically: {e}") from e
     if isinstance(base, StorageView):
         strided = _as_strides(base, size, reindex)
         if strided is not None:
@@ -26,11 +32,21 @@ def _as_strides(base: StorageView, size, reindex):
     flat = Expr.of(base.offset)
     for i, st in zip(reindex([Expr.of(v) for v in variables]), base.stride):
         flat = flat + Expr.of(i) * st
-    if not all(isinstance(a, Var) for a, _ in flat.terms):
-        return None
-    coefs = dict(flat.terms)
-    stride = tuple(coefs.get(v, 0) for v in variables)
-    return StorageView(base.buffer, size, stride, flat.const)
+    strides, offset = {}, Expr.of(flat.const)
+    for a, c in flat.terms:  # c*v, or c*v*s0*... where a stride is symbolic, or a symbolic offset
+        factors = a.factors if isinstance(a, Prod) else (a,)
+        loop_vars = [f for f in factors if isinstance(f, Var)]
+        if not all(isinstance(f, (Var, Sym)) for f in factors) or len(loop_vars) > 1:
+            return None
+        term = Expr.of(c)
+        for f in factors:
+            term = term * Expr.of(f) if f not in loop_vars else term
+        if loop_vars:
+            strides[loop_vars[0]] = strides.get(loop_vars[0], 0) + term
+        else:
+            offset = offset + term
+    stride = tuple(size_value(strides.get(v, 0)) for v in variables)
+    return StorageView(base.buffer, size, stride, size_value(offset))
 
 
 def _dim(d, ndim):
@@ -69,7 +85,7 @@ def t(lw, node, x):
 
 @register_lowering(aten.expand.default)
 def expand(lw, node, x, size, implicit=False):
-    size = tuple(node.meta["val"].shape)
+    size = shape_of(node.meta["val"])
     lead = len(size) - len(x.size)
     src = tuple(x.size)
     return make_view(x, size, lambda idx: [0 if s == 1 and size[lead + k] != 1 else idx[lead + k]
@@ -109,7 +125,7 @@ def slice_(lw, node, x, dim=0, start=None, end=None, step=1):
     length = node.meta["val"].shape[dim]
     start = _clip_start(start, x.size[dim])
     size = list(x.size)
-    size[dim] = int(length)
+    size[dim] = size_value(sym_value(length))
     return make_view(x, size, lambda idx: idx[:dim] + [Expr.of(idx[dim]) * step + start] + idx[dim + 1:])
 
 
@@ -132,7 +148,7 @@ def select(lw, node, x, dim, index):
 
 @register_lowering([aten.view.default, aten._unsafe_view.default, aten.reshape.default])
 def view(lw, node, x, size):
-    new = tuple(int(s) for s in node.meta["val"].shape)
+    new = shape_of(node.meta["val"])
     old = tuple(x.size)
     if new == old:
         return x
@@ -144,7 +160,9 @@ def view(lw, node, x, size):
         flat = Expr.of(0)
         for i, st in zip(idx, new_strides):
             flat = flat + Expr.of(i) * st
-        return [(flat // st) % s for st, s in zip(old_strides, old)]
+        # (the outermost index needs no modulo: flat < numel; a symbolic one must not have it)
+        return [flat // st if k == 0 and not is_static([s]) else (flat // st) % s
+                for k, (st, s) in enumerate(zip(old_strides, old))]
     return make_view(x, new, reindex)
 
 
@@ -153,7 +171,7 @@ def split(lw, node, x, sizes, dim=0):
     dim = _dim(dim, len(x.size))
     outs, start = [], 0
     for meta in node.meta["val"]:
-        length = int(meta.shape[dim])
+        length = sym_value(meta.shape[dim])
         size = list(x.size)
         size[dim] = length
         outs.append(make_view(x, size, _shift(dim, start)))
@@ -185,7 +203,8 @@ def as_strided(lw, node, x, size, stride, storage_offset=None):
         # data_ptr: its storage offset is known only at run time
         raise Unsupported("as_strided of a graph input (its storage offset is known only at run time)")
     offset = x.offset if storage_offset is None else storage_offset
-    return StorageView(x.buffer, tuple(size), tuple(stride), int(offset))
+    return StorageView(x.buffer, tuple(size_value(sym_value(s)) for s in size),
+                       tuple(size_value(sym_value(s)) for s in stride), sym_value(offset))
 
 
 @register_lowering([aten.clone.default, aten.contiguous.default])

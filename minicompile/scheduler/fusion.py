@@ -16,7 +16,8 @@ import networkx as nx
 
 from minicompile.config import config
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, iteration_vars, prod
+from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, is_static,
+                                  iteration_vars, prod)
 from minicompile.ir.ops import RecordOps
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
@@ -256,7 +257,7 @@ def _mark_locals(kernel: FusedKernel, buffers, reads, output_names, row_scratch:
         if not all(r in stage_of for r in readers):
             continue
         if kernel.level[n.name] == "inner" and any(stage_of[r] != stage_of[n.name] for r in readers):
-            if row_scratch and 0 < kernel.inner_numel <= ROW_SCRATCH_LIMIT:
+            if row_scratch and is_static([kernel.inner_numel]) and 0 < kernel.inner_numel <= ROW_SCRATCH_LIMIT:
                 kernel.scratch.add(n.name)
             continue
         kernel.local.add(n.name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minicompile.ir.expr import Expr, FloorDiv, Mod, Var
-from minicompile.ir.nodes import ComputedBuffer, Reduction, prod
+from minicompile.ir.nodes import ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
 
@@ -78,6 +78,7 @@ class FusedKernel:
     local: set = field(default_factory=set)      # buffer names kept in registers, never stored
     scratch: set = field(default_factory=set)    # per-row values kept in a row-sized scratch array
     level: dict = field(default_factory=dict)    # name -> "outer" | "inner" | "reduction"
+    direct: bool = False                         # members index with the loop variables (symbolic sizes)
 
     def __post_init__(self):
         self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]
@@ -97,6 +98,8 @@ class FusedKernel:
 
     def node_index(self, node: ComputedBuffer):
         """(index, rindex) of ``node``'s own loop variables, in this kernel's variables."""
+        if self.direct:
+            return _direct_index(self, node)
         outer = flat_of(self.outer_vars, self.outer_ranges)
         inner = flat_of(self.inner_vars, self.inner_ranges)
         if isinstance(node.data, Reduction):
@@ -139,6 +142,8 @@ def nonlinear_count(exprs) -> int:
 def plan_kernel(name: str, nodes: list) -> FusedKernel:
     """Lay out loops for ``nodes`` (in execution order) or raise CannotFuse saying why."""
     reductions = [n for n in nodes if isinstance(n.data, Reduction)]
+    if not all(is_static(n.data.ranges) and is_static(n.data.reduction_ranges) for n in nodes):
+        return _plan_symbolic(name, nodes, reductions)
     if reductions:
         O, I = prod(reductions[0].data.ranges), prod(reductions[0].data.reduction_ranges)
         for r in reductions[1:]:
@@ -172,6 +177,39 @@ def plan_kernel(name: str, nodes: list) -> FusedKernel:
     inner = (0,) if I == 0 else _coalesce(ranges_from_chain(chain(inner_b, I))) if I > 1 else ()
     kernel = FusedKernel(name, list(nodes), outer, inner, level=level)
     return _merge_loops(kernel)
+
+
+def _plan_symbolic(name: str, nodes: list, reductions: list) -> FusedKernel:
+    """Symbolic sizes: the members share the kernel's ranges exactly (size-1 dims aside)."""
+    first = reductions[0] if reductions else nodes[0]
+    outer, inner = _squeezed(first.data.ranges), _squeezed(first.data.reduction_ranges)
+    level = {}
+    for n in nodes:
+        own = (_squeezed(n.data.ranges), _squeezed(n.data.reduction_ranges))
+        if isinstance(n.data, Reduction) and own == (outer, inner):
+            level[n.name] = "reduction"
+        elif not isinstance(n.data, Reduction) and own[0] in (outer, outer + inner):
+            level[n.name] = "outer" if own[0] == outer else "inner"
+        else:
+            raise CannotFuse(f"{n.name} iterates {list(n.data.ranges)}; the kernel {list(outer)} x {list(inner)} "
+                             "(symbolic sizes fuse only over identical ranges)")
+    return FusedKernel(name, list(nodes), outer, inner, level=level, direct=True)
+
+
+def _squeezed(ranges) -> tuple:
+    return tuple(r for r in ranges if r != 1)
+
+
+def _direct_index(kernel: FusedKernel, node: ComputedBuffer):
+    """A member's (index, rindex) in direct mode: the loop variables fill its non-1 dims."""
+    def fill(sizes, variables):
+        it = iter(variables)
+        return [Expr.of(0) if s == 1 else Expr.of(next(it)) for s in sizes]
+    if isinstance(node.data, Reduction):
+        return fill(node.data.ranges, kernel.outer_vars), fill(node.data.reduction_ranges, kernel.inner_vars)
+    if kernel.level.get(node.name) == "inner":
+        return fill(node.data.ranges, kernel.outer_vars + kernel.inner_vars), []
+    return fill(node.data.ranges, kernel.outer_vars), []
 
 
 def _coalesce(ranges):

@@ -51,6 +51,40 @@ def has_symbolic_shapes(gm: torch.fx.GraphModule, example_inputs) -> bool:
     return False
 
 
+def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
+    """One build for every size: the graph is traced with Dynamo's symbolic fake inputs, and
+    sizes stay symbols through the loop IR, the kernels (size arguments) and the wrapper
+    (docs/dynamic.md). What the symbolic path cannot compile yet (NotSymbolic, or any error it
+    meets) is compiled per shape instead: slower to warm up, never wrong."""
+    reason = _not_symbolic_reason(gm, example_inputs, knobs)
+    if reason is None:
+        try:
+            with patch(**knobs):
+                return compile_graph(gm, _symbolic_inputs(gm))
+        except CompilerNotFound:
+            raise
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+    log.info("minicompile: this graph is compiled per shape (not supported symbolically: %s)", reason)
+    return PerShapeGraph(gm, knobs)
+
+
+def _symbolic_inputs(gm) -> list:
+    return [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _not_symbolic_reason(gm, example_inputs, knobs: dict) -> str | None:
+    fakes = _symbolic_inputs(gm)
+    if len(fakes) != len(example_inputs) or any(f is None for f in fakes):
+        return "the graph's placeholders carry no example values"
+    with patch(**knobs):
+        if config.max_autotune or config.cudagraphs:
+            return "max-autotune and CUDA graphs time or record one concrete shape"
+        if config.cpu_backend == "triton" or any(isinstance(f, torch.Tensor) and f.device.type != "cpu" for f in fakes):
+            return "the Triton code generator does not take symbolic sizes yet"
+    return None
+
+
 class PerShapeGraph:
     """Compiles a dynamic-shape graph once per concrete input signature (shapes are static inside)."""
 
@@ -81,7 +115,7 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, opt
         log.warning("minicompile: graph needs gradients; running it eagerly (training is not compiled yet)")
         return gm.forward
     if has_symbolic_shapes(gm, example_inputs):
-        return with_call_time_knobs(PerShapeGraph(gm, knobs), knobs)
+        return with_call_time_knobs(compile_symbolic(gm, example_inputs, knobs), knobs)
     with patch(**knobs):
         compiled = compile_or_fallback(gm, list(example_inputs))
     return with_call_time_knobs(compiled, knobs)

@@ -12,6 +12,7 @@ import logging
 import torch
 
 from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
+from minicompile.ir.expr import NotSymbolic
 from minicompile.pipeline import CompiledGraph, compile_graph
 from minicompile.runtime import CompilerNotFound, autotune, cache
 from minicompile.runtime.cudagraphs import CUDAGraphRunner
@@ -63,8 +64,12 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
                 return compile_graph(gm, _symbolic_inputs(gm))
         except CompilerNotFound:
             raise
-        except Exception as e:
-            reason = f"{type(e).__name__}: {e}"
+        except NotSymbolic as e:
+            reason = str(e)
+        except Exception as e:  # a gap of the symbolic path, not of the graph: say so loudly
+            log.warning("minicompile: compiling with symbolic sizes failed (%s: %s); compiling per shape",
+                        type(e).__name__, e)
+            return PerShapeGraph(gm, knobs)
     log.info("minicompile: this graph is compiled per shape (not supported symbolically: %s)", reason)
     return PerShapeGraph(gm, knobs)
 

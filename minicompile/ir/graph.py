@@ -115,7 +115,7 @@ def body_lines(buf: ComputedBuffer) -> list[str]:
         value = data.body(ops, index)
     store = f"ops.store({buf.name!r}, {render(buf.store_index(index))}, {value})"
     ranges = [*data.ranges, *data.reduction_ranges]
-    bounds = ", ".join(f"{p} < {int(n)}" for p, n in zip(params, ranges))
+    bounds = ", ".join(f"{p} < {n}" for p, n in zip(params, ranges))
     return [f"def body({', '.join(params)}):  # {bounds}", *("    " + ln for ln in ops.lines), "    " + store]
 
 

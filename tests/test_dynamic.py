@@ -1,0 +1,144 @@
+"""Dynamic shapes: one symbolic build serves every batch size (docs/dynamic.md).
+
+Each workload runs through torch.compile at batch sizes 2..64 in three ways: Dynamo's
+automatic dynamic (the second size recompiles with a symbolic batch), ``mark_dynamic`` on
+the batch dim, and ``dynamic=True`` (every size symbolic). Every result is compared with
+eager, and the pipeline compiles are counted: at most 2, 1, 1.
+"""
+import itertools
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile.backend as backend_module
+from minicompile.ir.expr import Expr, NotSymbolic, Sym, Var, symbols_of
+from minicompile.tools.workloads import Block
+
+from tests.helpers import assert_matches_eager
+
+BATCHES = range(2, 65)
+torch.manual_seed(0)
+_MLP = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+_LN_W, _LN_B = torch.randn(32), torch.randn(32)
+_BLOCK = Block(16, 2).eval()
+
+
+def pointwise_chain(x):
+    return (torch.sin(x) * 2.0 + 1.0).relu() * torch.cos(x)
+
+
+WORKLOADS = {  # name -> (function, input of batch size b)
+    "pointwise": (pointwise_chain, lambda b: torch.randn(b, 32)),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda b: torch.randn(b, 32)),
+    # eps as a literal: dynamic=True would make a module's float eps a graph input
+    "layer_norm": (lambda x: F.layer_norm(x, (32,), _LN_W, _LN_B, 1e-5), lambda b: torch.randn(b, 32)),
+    "mlp": (_MLP, lambda b: torch.randn(b, 32)),
+    "sum_over_batch": (lambda x: x.sum(0) + x.mean(), lambda b: torch.randn(b, 32)),
+}
+MODES = {"automatic": 2, "mark_dynamic": 1, "dynamic=True": 1}  # mode -> most pipeline compiles allowed
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The CompiledGraphs the pipeline builds (the per-shape path counts too)."""
+    built = []
+    compile_graph = backend_module.compile_graph
+
+    def counting(gm, example_inputs):
+        built.append(compile_graph(gm, example_inputs))
+        return built[-1]
+    monkeypatch.setattr(backend_module, "compile_graph", counting)
+    return built
+
+
+def run_batches(fn, make_input, mode: str, batches=BATCHES):
+    compiled = torch.compile(fn, backend="minicompile", dynamic=True if mode == "dynamic=True" else None)
+    with torch.no_grad():
+        for b in batches:
+            x = make_input(b)
+            if mode == "mark_dynamic":
+                torch._dynamo.mark_dynamic(x, 0)
+            assert_matches_eager(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_batch_sizes_2_to_64_share_one_symbolic_build(name, mode, compiles, fresh_dynamo, caplog):
+    fn, make_input = WORKLOADS[name]
+    with caplog.at_level(logging.INFO, logger="minicompile"):
+        run_batches(fn, make_input, mode)
+    assert 1 <= len(compiles) <= MODES[mode], [c.schedule for c in compiles]
+    assert "per shape" not in caplog.text
+    symbolic = compiles[-1]
+    assert "int64_t s" in symbolic.kernel_source  # the batch size is a kernel argument
+
+
+@pytest.mark.parametrize("mode", ["automatic", "mark_dynamic"])
+def test_gpt2_block_over_batch_sizes(mode, compiles, fresh_dynamo):
+    run_batches(_BLOCK, lambda b: torch.randn(b, 8, 16), mode, batches=range(2, 12))
+    assert len(compiles) <= MODES[mode]
+
+
+def test_sizes_0_and_1_stay_specialised(compiles, fresh_dynamo):
+    fn, make_input = WORKLOADS["softmax"]
+    run_batches(fn, make_input, "automatic", batches=[2, 3, 1, 5, 0])
+    sources = [c.kernel_source for c in compiles]
+    assert len(compiles) == 4  # 2, then symbolic for 3 and 5, then 1 and 0 on their own
+    assert sum("int64_t s" in s for s in sources) == 1
+
+
+def test_symbols_show_in_the_loop_ir_the_kernel_and_the_wrapper(compiles, fresh_dynamo):
+    fn, make_input = WORKLOADS["softmax"]
+    run_batches(fn, make_input, "mark_dynamic", batches=[3, 7])
+    (c,) = compiles
+    (sym,) = {s.name for b in c.loop_graph.inputs for s in symbols_of(Expr.of(b.layout.size[0]))}
+    assert f"f32[{sym}, 32]" in str(c.loop_graph)
+    assert f"int64_t {sym}" in c.kernel_source
+    assert f"for (int64_t x0 = 0; x0 < {sym}; ++x0)" in c.kernel_source
+    assert f"#pragma omp parallel for if(32*{sym} >= " in c.kernel_source  # threads decided at run time
+    assert "#pragma omp simd" in c.kernel_source                       # the inner loop stays vectorised
+    assert f"{sym}, arg1 = args" in c.wrapper_source            # Dynamo passes the size itself
+    assert f"empty_strided(({sym}, 32), (32, 1)" in c.wrapper_source  # buffers sized at call time
+
+
+def test_unprovable_index_math_compiles_per_shape_with_correct_results(compiles, fresh_dynamo, caplog):
+    # (s0*s1) elements viewed as rows of 8: the division by 8 of a product of two symbols
+    # is no polynomial, so this graph is not compiled symbolically
+    def fn(x):
+        return (x.reshape(-1, 8) * 2).sum(-1)
+    with caplog.at_level(logging.INFO, logger="minicompile"):
+        run_batches(fn, lambda b: torch.randn(b, 32), "dynamic=True", batches=[2, 3, 4, 5])
+    assert "compiled per shape (not supported symbolically" in caplog.text
+    assert len(compiles) == 4
+    assert not any("int64_t s" in c.kernel_source for c in compiles)
+
+
+# -- the index algebra over symbols ------------------------------------------------------------
+
+def value(e: Expr, env: dict) -> int:
+    return eval(str(e), {}, env)
+
+
+def test_division_by_a_symbol_is_exact_where_the_remainder_is_provably_below_it():
+    s0, s1 = Expr.of(Sym("s0")), Expr.of(Sym("s1"))
+    i, j, k = Var("i", s0), Var("j", s1), Var("k", 16)
+    flat = Expr.of(i) * s1 * 16 + Expr.of(j) * 16 + k
+    assert str(flat // (s1 * 16)) == "i" and str(flat % (s1 * 16)) == "16*j + k"
+    assert str(flat // 16 % s1) == "j" and str(flat // 16 // s1) == "i"
+    for n0, n1 in itertools.product([2, 3, 5], [2, 7]):
+        for vi, vj, vk in itertools.product(range(n0), range(n1), range(16)):
+            env = {"s0": n0, "s1": n1, "i": vi, "j": vj, "k": vk}
+            assert value(flat // 16 % s1, env) == (value(flat, env) // 16) % n1
+
+
+def test_division_by_a_symbol_that_cannot_be_proven_raises_not_symbolic():
+    s0, s1 = Expr.of(Sym("s0")), Expr.of(Sym("s1"))
+    i, j = Var("i", s0), Var("j", s1)
+    with pytest.raises(NotSymbolic):
+        (Expr.of(i) + j) // s1
+    with pytest.raises(NotSymbolic):
+        (Expr.of(i) * s1 * s0) // 8 % s1
+    assert symbols_of(Expr.of(i) * s1) == {Sym("s1"), Sym("s0")}

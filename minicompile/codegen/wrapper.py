@@ -76,7 +76,8 @@ class WrapperCode:
     def generate(self) -> str:
         graph = self.graph
         int_inputs = {pos: sym for sym, (pos, dim) in self.symbols.items() if dim is None}
-        names = [p.name if isinstance(p, InputBuffer) else int_inputs.get(k, "_") for k, p in enumerate(graph.placeholders)]
+        names = [p.name if isinstance(p, InputBuffer) else int_inputs.get(k, "_")
+                 for k, p in enumerate(graph.placeholders)]
         sizes = [f"{sym} = {names[pos]}.size({dim})" for sym, (pos, dim) in self.symbols.items() if dim is not None]
         last_use = self._last_uses()
         outputs = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
@@ -158,7 +159,8 @@ class WrapperCode:
             return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
                 f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
         nbytes = lay.storage_numel() * lay.dtype.itemsize
-        if lay.device.type == "cpu" and not isinstance(nbytes, Expr) and nbytes >= host_pool.MIN_BYTES:  # decided here, not on every call
+        # decided here, not on every call (a symbolic size: never pooled)
+        if lay.device.type == "cpu" and not isinstance(nbytes, Expr) and nbytes >= host_pool.MIN_BYTES:
             return f"{n.name} = pooled({lay.size}, {lay.stride}, {lay.dtype}, {nbytes})"
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")

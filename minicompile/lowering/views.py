@@ -8,8 +8,8 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 from __future__ import annotations
 
 from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
-from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides, is_static,
-                                  prod, shape_of, sym_value)
+from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides,
+                                  is_static, prod, shape_of, sym_value)
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 

@@ -63,6 +63,8 @@ def _from_sympy(e):
         return int(e)
     if e.is_Symbol:
         return Expr.of(Sym(e.name))
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
+        return prod([_from_sympy(e.base)] * int(e.exp))
     parts = [_from_sympy(a) for a in e.args]
     if e.is_Add:
         return size_value(sum(parts[1:], Expr.of(parts[0])))

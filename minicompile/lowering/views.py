@@ -7,7 +7,7 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 """
 from __future__ import annotations
 
-from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
+from minicompile.ir.expr import Expr, Prod, Sym, Var, make_vars, size_value
 from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides,
                                   is_static, prod, shape_of, sym_value)
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -15,11 +15,9 @@ from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 def make_view(base: TensorValue, size, reindex) -> TensorValue:
     size = tuple(size_value(s) for s in size)
-    if not is_static(size):
-        try:  # a symbolic view whose index math needs an unprovable division runs eagerly
-            reindex([Expr.of(v) for v in make_vars("v", size)])
-        except NotSymbolic as e:
-            raise Unsupported(f"not supported symbolically: {e}") from e
+    if not is_static(size):  # raises NotSymbolic now, not in the scheduler, when a division is unprovable
+        # (not an extern view: the wrapper's memory reuse does not know an extern's result may alias)
+        reindex([Expr.of(v) for v in make_vars("v", size)])
     if isinstance(base, StorageView):
         strided = _as_strides(base, size, reindex)
         if strided is not None:

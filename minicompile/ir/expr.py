@@ -88,27 +88,36 @@ def _times(a: Atom, b: Atom) -> Atom:
 
 @dataclass(frozen=True)
 class FloorDiv(Atom):
+    """``arg // divisor``; a symbolic divisor (an Expr, at least 2) only with ``arg >= 0``."""
     arg: "Expr"
-    divisor: int
+    divisor: Union[int, "Expr"]
 
     def range(self):
         lo, hi = self.arg.range()
+        if isinstance(self.divisor, Expr):
+            return (0, hi // 2)
         return (lo // self.divisor, hi // self.divisor)
 
     def render(self, r):
-        return r.floordiv(r.render(self.arg), self.divisor)
+        return r.floordiv(r.render(self.arg), _divisor(r, self.divisor))
 
 
 @dataclass(frozen=True)
 class Mod(Atom):
     arg: "Expr"
-    divisor: int
+    divisor: Union[int, "Expr"]
 
     def range(self):
+        if isinstance(self.divisor, Expr):
+            return (0, min(self.arg.range()[1], self.divisor.range()[1] - 1))
         return (0, self.divisor - 1)
 
     def render(self, r):
-        return r.mod(r.render(self.arg), self.divisor)
+        return r.mod(r.render(self.arg), _divisor(r, self.divisor))
+
+
+def _divisor(r, d):
+    return d if isinstance(d, int) else f"({r.render(d)})"
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,7 @@ class Expr:
 
     def __floordiv__(self, d) -> "Expr":
         if isinstance(d, Expr) and not d.is_const:
-            return self.split_by(d)[0]
+            return self.divmod_symbol(d)[0]
         d = int(d)
         if d == 1:
             return self
@@ -231,7 +240,7 @@ class Expr:
 
     def __mod__(self, d) -> "Expr":
         if isinstance(d, Expr) and not d.is_const:
-            return self.split_by(d)[1]
+            return self.divmod_symbol(d)[1]
         d = int(d)
         if d == 1:
             return Expr.of(0)
@@ -249,6 +258,27 @@ class Expr:
             m, big, small = split
             return (big % (d // m)) * m + small
         return Expr.of(Mod(r, d))
+
+    def divmod_symbol(self, d: "Expr") -> tuple:
+        """(self // d, self % d) for a symbolic ``d = k*M`` (k an int, M a product of symbols),
+        for ``self >= 0``: exact terms where ``split_by`` proves them, else FloorDiv/Mod atoms
+        over M after the integer division by k (``e // kM == (e // k) // M`` and
+        ``e % kM == k*((e // k) % M) + e % k``)."""
+        try:
+            return self.split_by(d)
+        except NotSymbolic:
+            pass
+        if len(d.terms) != 1 or d.const != 0 or d.terms[0][1] <= 0 or self.range()[0] < 0:
+            raise NotSymbolic(f"division of {self} by {d}")
+        atom, k = d.terms[0]
+        e, monomial = self // k, Expr.of(atom)
+        try:
+            q, r = e.split_by(monomial)
+        except NotSymbolic:
+            q, r = Expr.of(0), e
+        if not r.is_const:
+            q, r = q + Expr.of(FloorDiv(r, monomial)), Expr.of(Mod(r, monomial))
+        return q, r * k + self % k
 
     def split_by(self, d: "Expr") -> tuple:
         """(self // d, self % d) for a symbolic ``d``, when exact by construction: the terms
@@ -371,7 +401,7 @@ def symbols_of(e) -> set:
         elif isinstance(a, Var):
             out |= symbols_of(a.size)
         else:
-            out |= symbols_of(a.arg)
+            out |= symbols_of(a.arg) | symbols_of(getattr(a, "divisor", None))
     return out
 
 
@@ -412,8 +442,11 @@ def _fold_div_mod_pairs(coefs: dict) -> tuple[dict, int]:
         for a, c in list(coefs.items()):
             if not isinstance(a, Mod) or c == 0:
                 continue
-            partner = FloorDiv(a.arg, a.divisor)
-            if coefs.get(partner, 0) == c * a.divisor:
+            if isinstance(a.divisor, Expr):  # d*(e // d) is the product atom, with coefficient k
+                partner, want = _times(FloorDiv(a.arg, a.divisor), a.divisor.terms[0][0]), c
+            else:
+                partner, want = FloorDiv(a.arg, a.divisor), c * a.divisor
+            if coefs.get(partner, 0) == want:
                 del coefs[a], coefs[partner]
                 for b, cb in a.arg.terms:
                     coefs[b] = coefs.get(b, 0) + cb * c

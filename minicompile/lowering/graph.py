@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
 from minicompile.config import config
+from minicompile.ir.expr import Expr
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
@@ -223,7 +224,7 @@ class GraphLowering:
                 base = self.realize_as_node(root, root_node)
                 meta = node.meta["val"]
                 view = StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
-                if view.buffer.layout.storage_numel() >= _view_extent(view):
+                if _at_least(view.buffer.layout.storage_numel(), _view_extent(view)):
                     return view
         return self.realize_as_node(value, node)
 
@@ -274,6 +275,13 @@ def _view_root(value, node):
 
 def _view_extent(view: StorageView) -> int:
     return Layout(view.size, view.stride, view.offset, view.dtype, view.device).storage_numel()
+
+
+def _at_least(a, b) -> bool:
+    """a >= b for every value of the symbols (False where that cannot be shown)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a >= b
+    return (Expr.of(a) - b).range()[0] >= 0
 
 
 def _numel(size):

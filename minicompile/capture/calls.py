@@ -5,6 +5,7 @@ tables (``builtins_table.BUILTINS``, ``TORCH_SPECIAL``), not in if-chains.
 """
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import types
@@ -42,7 +43,14 @@ _CONTAINER_METHODS = {
     list: {"append", "extend", "insert", "pop", "index", "count", "reverse", "copy", "clear", "remove"},
     dict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy", "clear"},
     tuple: {"index", "count"},
+    collections.OrderedDict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy",
+                              "clear", "move_to_end", "popitem"},
+    set: {"add", "discard", "remove", "pop", "clear", "update", "copy", "union", "intersection",
+          "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
+          "intersection_update", "difference_update", "symmetric_difference_update"},
 }
+# Methods that put values into a set: a set only holds constants (tensors hash by identity).
+_SET_INSERTS = {"add", "update", "union", "symmetric_difference", "symmetric_difference_update"}
 
 
 def _torch_special():
@@ -104,7 +112,9 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONTAINER_METHODS:
-        return _container_method(fn, args, kwargs)
+        return _container_method(tracer, fn, args, kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and fn.__self__ is dict and fn.__name__ == "fromkeys":
+        return _fromkeys(tracer, args, kwargs)
     if fn in _MATH_FUNCS or fn in _OPERATOR_FUNCS:
         return _pure_or_graph(tracer, fn, args, kwargs)
     if isinstance(fn, type) and issubclass(fn, tuple) and hasattr(fn, "_fields"):
@@ -194,16 +204,25 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
     return run_frame(frame)
 
 
-def _container_method(fn, args, kwargs):
+def _container_method(tracer: Tracer, fn, args, kwargs):
     owner = fn.__self__
     if fn.__name__ not in _CONTAINER_METHODS[type(owner)]:
         raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
     if any(isinstance(a, TensorVar) for a in args) and fn.__name__ in ("index", "count", "remove"):
         raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
+    if type(owner) is set and fn.__name__ in _SET_INSERTS and contains_symbolic((args, kwargs)):
+        raise GraphBreak("a set holding tensors or traced objects")
     result = fn(*args, **kwargs)
-    if type(result).__name__ in ("dict_keys", "dict_values", "dict_items"):
-        return list(result)
+    if type(result) in semantics.DICT_VIEWS:
+        tracer.register_view(result, owner, fn.__name__)   # live: later writes to owner show
     return result
+
+
+def _fromkeys(tracer: Tracer, args, kwargs):
+    keys = semantics.iterate(tracer, args[0]) if args else []
+    if contains_symbolic(keys):
+        raise GraphBreak("dict.fromkeys with tensor keys")
+    return dict.fromkeys(keys, *args[1:], **kwargs)
 
 
 def _pure_or_graph(tracer: Tracer, fn, args, kwargs):

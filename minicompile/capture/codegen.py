@@ -8,6 +8,7 @@ function, so a cache hit costs a guard expression plus this straight-line code.
 """
 from __future__ import annotations
 
+import collections
 import math
 import types
 
@@ -40,6 +41,15 @@ def _replace_dict(target: dict, items: dict) -> None:
     target.update(items)
 
 
+def _replace_set(target: set, items: set) -> None:
+    target.clear()
+    target.update(items)
+
+
+_REPLACE = {list: "_replace_list", dict: "_replace_dict", collections.OrderedDict: "_replace_dict",
+            set: "_replace_set"}
+
+
 class Reifier:
     """Turns symbolic values into source text that rebuilds the real values."""
 
@@ -52,7 +62,7 @@ class Reifier:
         self.memo: dict[int, str] = {}
         ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
                          _ResumeIter=ResumeIter, _replace_list=_replace_list,
-                         _replace_dict=_replace_dict)
+                         _replace_dict=_replace_dict, _replace_set=_replace_set)
 
     def _temp(self, obj, text: str) -> str:
         name = f"t{len(self.memo)}"
@@ -93,6 +103,17 @@ class Reifier:
             body = ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items())
             self.lines.append(f"{name} = {{{body}}}")
             return name
+        if type(v) is collections.OrderedDict:
+            self.memo[id(v)] = name = f"t{len(self.memo)}"
+            body = "".join(f"({self.expr(k)}, {self.expr(x)}), " for k, x in v.items())
+            self.lines.append(f"{name} = {self.ns.const(collections.OrderedDict, 'T')}([{body}])")
+            return name
+        if type(v) is set:
+            items = ", ".join(self.expr(x) for x in v)
+            return self._temp(v, f"{{{items}}}" if v else "set()")
+        view = self.tracer.view_owner.get(id(v))
+        if view is not None:
+            return f"{self.expr(view[0])}.{view[1]}()"
         if type(v) is slice:
             return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
         if isinstance(v, SymIter):
@@ -139,10 +160,8 @@ def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
                 isinstance(a, tuple) and a[0] == b[0] and a[1] is b[1]) for a, b in zip(now, t.snapshot)):
             continue
         saved = tracer.tracked_by_id.pop(id(t.copy))   # build a fresh value, then copy it in
-        if isinstance(t.copy, dict):
-            out.append(f"_replace_dict({t.source}, {r.expr(dict(t.copy))})")
-        else:
-            out.append(f"_replace_list({t.source}, {r.expr(list(t.copy))})")
+        kind = type(t.copy)
+        out.append(f"{_REPLACE[kind]}({t.source}, {r.expr(kind(t.copy))})")
         tracer.tracked_by_id[id(t.copy)] = saved
     return out
 

@@ -3,6 +3,7 @@ and attributes. Opcode handlers and builtin handlers both call into here.
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import operator
 import types
@@ -28,8 +29,17 @@ COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": ope
                ">": operator.gt, ">=": operator.ge}
 _COMPARES = set(COMPARE_OPS.values())
 
+
+_OD = collections.OrderedDict()
+DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()),
+              type(_OD.keys()), type(_OD.values()), type(_OD.items()))
+# Containers traced as copies that hold symbolic values (their subclasses are objects).
+DICT_TYPES = (dict, collections.OrderedDict)
+MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
+# ``__getitem__`` implementations that only read storage: safe to run on the real object.
+_STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
-          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type)
+          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS)
 
 # Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
 # kept valid by the tensor guards (dtype, device, shape, strides, requires_grad).
@@ -48,6 +58,11 @@ _TENSOR_META = {
 }
 # Tensor attributes that produce a new tensor: recorded as graph ops.
 _TENSOR_VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+
+
+def is_record(v) -> bool:
+    """A namedtuple or a structseq (``torch.return_types.max``): a tuple with named fields."""
+    return isinstance(v, tuple) and (hasattr(type(v), "_fields") or hasattr(type(v), "n_fields"))
 
 
 def is_plain(v) -> bool:
@@ -107,7 +122,13 @@ def contains(tracer: Tracer, item, container) -> bool:
         raise GraphBreak("`x in tensor` needs the tensor's values (data-dependent)")
     if isinstance(container, nn.ModuleDict):
         return item in container._modules
-    if isinstance(container, (tuple, list, set, frozenset, str, bytes, range)):
+    if isinstance(container, (str, bytes)):
+        if not isinstance(item, (str, bytes)):
+            raise GraphBreak(f"`in` on a string with a {type(item).__name__}")
+        return item in container   # a substring test, not a test over characters
+    if isinstance(container, DICT_VIEWS) and not contains_symbolic(item):
+        return item in container
+    if isinstance(container, (tuple, list, set, frozenset, range, *DICT_VIEWS)):
         return any(item is x or (not isinstance(x, TensorVar) and not isinstance(item, TensorVar)
                                  and x == item) for x in container)
     if isinstance(container, dict):
@@ -122,7 +143,7 @@ def iterate(tracer: Tracer, v) -> list:
         return list(v)
     if isinstance(v, dict):
         return list(v.keys())
-    if isinstance(v, (range, str, bytes, type({}.keys()), type({}.values()), type({}.items()))):
+    if isinstance(v, (range, str, bytes, set, frozenset, *DICT_VIEWS)):
         return list(v)
     if isinstance(v, SymIter):
         items = v.remaining()
@@ -147,12 +168,14 @@ def subscr(tracer: Tracer, obj, key):
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
         raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
-    if isinstance(obj, (tuple, list, str, bytes, range)):
+    if type(obj) in (tuple, list, str, bytes, range, torch.Size) or is_record(obj):
         return obj[key]
-    if isinstance(obj, dict):
+    if type(obj) in DICT_TYPES:
         if key not in obj:
             raise GraphBreak(f"KeyError: {key!r}")
         return obj[key]
+    if isinstance(obj, (tuple, list, dict)):
+        return _subclass_item(tracer, obj, key)
     if isinstance(obj, (nn.ModuleList, nn.Sequential)):
         names = list(obj._modules)
         if isinstance(key, int):
@@ -170,20 +193,36 @@ def subscr(tracer: Tracer, obj, key):
     raise GraphBreak(f"subscript of a {type(obj).__name__}")
 
 
+def _subclass_item(tracer: Tracer, obj, key):
+    """``obj[key]`` on a real tuple/list/dict subclass (an HF ModelOutput): a Python
+    ``__getitem__`` is inlined; the builtin one reads the item as an input, with a source."""
+    getitem = getattr(type(obj), "__getitem__")
+    if isinstance(getitem, types.FunctionType):
+        return tracer.call(getitem, [obj, key], {})
+    src = tracer.source_of(obj)
+    if getitem not in _STORAGE_GETITEM or src is None or type(key) not in (int, str):
+        raise GraphBreak(f"subscript of a {type(obj).__name__}")
+    try:
+        value = obj[key]
+    except (KeyError, IndexError) as e:
+        raise GraphBreak(f"{type(e).__name__}: {key!r}") from None
+    return tracer.wrap(value, f"{src}[{key!r}]")
+
+
 def store_subscr(tracer: Tracer, obj, key, value) -> None:
     if isinstance(obj, TensorVar):
         tracer.call_graph("call_function", operator.setitem, (obj, key, value), mutates=True)
         return
     if isinstance(key, TensorVar):
         raise GraphBreak("storing into a container with a tensor key")
-    if type(obj) in (list, dict):
+    if type(obj) in MUTABLE_CONTAINERS:
         obj[key] = value  # traced on a copy; tracked input containers are replayed afterwards
         return
     raise GraphBreak(f"item assignment on a {type(obj).__name__}")
 
 
 def delete_subscr(tracer: Tracer, obj, key) -> None:
-    if type(obj) in (list, dict) and not isinstance(key, TensorVar):
+    if type(obj) in MUTABLE_CONTAINERS and not isinstance(key, TensorVar):
         del obj[key]
         return
     raise GraphBreak(f"del on a {type(obj).__name__} item")
@@ -257,9 +296,9 @@ def getattr_(tracer: Tracer, obj, name: str):
         if isinstance(value, torch.Tensor):
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
-    if isinstance(obj, (list, dict, tuple, str, bytes, set, frozenset, range, slice, torch.Size,
-                        torch.dtype, torch.device, int, float, complex, bool, type(None))):
-        return getattr(obj, name)
+    if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or (
+            is_record(obj) and not hasattr(obj, "__dict__")):
+        return getattr(obj, name)   # (a subclass's attributes are read as an object's)
     if isinstance(obj, SymFunction):
         if name in ("__name__", "__qualname__"):
             return obj.name
@@ -284,9 +323,11 @@ def getattr_(tracer: Tracer, obj, name: str):
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
         return tracer.wrap(d[name], f"{src}.{name}")
-    if isinstance(obj, tuple):  # namedtuple / structseq fields
-        return getattr(obj, name)
     return class_attr(tracer, obj, name, src)
+
+
+_PLAIN_ATTR_TYPES = {list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
+                     torch.dtype, torch.device, int, float, complex, bool, type(None)}
 
 
 def tensor_attr(tracer: Tracer, t: TensorVar, name: str):

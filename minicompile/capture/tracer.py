@@ -8,6 +8,8 @@ are caught before they are recorded.
 """
 from __future__ import annotations
 
+import collections
+import gc
 import operator
 import types
 from dataclasses import dataclass, field
@@ -26,6 +28,15 @@ _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, 
 # Python modules whose attributes we treat as fixed (library code, not user state).
 _STABLE_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools",
                            "collections", "typing", "numbers", "numpy")
+
+
+_DICT_VIEWS = {type(getattr(d, kind)()): kind for d in ({}, collections.OrderedDict())
+               for kind in ("keys", "values", "items")}
+
+
+def view_owner(view) -> dict:
+    """The dict a ``dict_keys``/``dict_values``/``dict_items`` view reads (its one referent)."""
+    return gc.get_referents(view)[0]
 
 
 @dataclass
@@ -81,6 +92,7 @@ class Tracer:
         self.obj_source: dict[int, str] = {}
         self.tracked: list[TrackedContainer] = []
         self.tracked_by_id: dict[int, TrackedContainer] = {}
+        self.copy_of: dict[int, TrackedContainer] = {}   # id(original container) -> its copy
         self.side_effects: list[SideEffect] = []
         self.attr_overlay: dict[tuple[int, str], object] = {}
         self.forced_breaks = forced_breaks
@@ -90,6 +102,7 @@ class Tracer:
         self.source_names: dict[str, str] = {}   # "L[0]" -> "x", for readable placeholders
         self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
         self._keep: list = []         # real objects whose ids we index must stay alive
+        self.view_owner: dict[int, tuple] = {}   # id(dict view) -> (its dict, "keys"|...)
 
     def call(self, fn, args: list, kwargs: dict):
         """Trace a call of ``fn``: inline a Python function, or record a known callable."""
@@ -114,6 +127,11 @@ class Tracer:
         """The symbolic form of ``value`` read from ``source``, with guards installed."""
         if source in self.by_source:
             return self.by_source[source]
+        tracked = self.copy_of.get(id(value))
+        if tracked is not None:   # one container reached from two sources: one traced copy
+            self.guards.alias(source, tracked.source)
+            self.by_source[source] = tracked.copy
+            return tracked.copy
         result = self._wrap(value, source)
         self.by_source[source] = result
         return result
@@ -144,15 +162,25 @@ class Tracer:
             copy = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
             self._track(source, copy, value)
             return copy
-        if type(value) is dict:
-            g.type_is(source, dict)
+        if type(value) in (dict, collections.OrderedDict):
+            g.type_is(source, type(value))
             keys = list(value.keys())
             if not all(type(k) in (str, int, bool) for k in keys):
                 raise GraphBreak(f"dict with non-constant keys at {source}")
             g.add(f"list({source}) == {keys!r}")
-            copy = {k: self.wrap(value[k], f"{source}[{k!r}]") for k in keys}
+            copy = type(value)((k, self.wrap(value[k], f"{source}[{k!r}]")) for k in keys)
             self._track(source, copy, value)
             return copy
+        if type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value):
+            g.type_is(source, type(value))
+            g.add(f"{source} == {self.ns.const(frozenset(value))}")
+            if type(value) is frozenset:
+                return value
+            copy = set(value)
+            self._track(source, copy, value)
+            return copy
+        if type(value) in _DICT_VIEWS:
+            return self._wrap_view(value, source)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)
             g.add(f"{source}.pos == 0")
@@ -189,12 +217,28 @@ class Tracer:
             g.type_is(source, type(value))
             g.add(f"{source} == {self.ns.const(value)}")
             return value
-        if isinstance(value, (set, SymCell, SymIter)):
+        if isinstance(value, (set, frozenset, SymCell, SymIter)):
             raise GraphBreak(f"cannot trace a {type(value).__name__} read from {source}")
         # Any other object: same type; its attributes are guarded when read.
         g.type_is(source, type(value))
         self._remember(value, source)
         return value
+
+    def _wrap_view(self, view, source: str):
+        """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
+        self.ns.values["_view_owner"] = view_owner
+        owner = self.wrap(view_owner(view), f"_view_owner({source})")
+        if type(owner) not in (dict, collections.OrderedDict):
+            raise GraphBreak(f"a view of a {type(owner).__name__} read from {source}")
+        kind = _DICT_VIEWS[type(view)]
+        result = getattr(owner, kind)()
+        self.register_view(result, owner, kind)
+        return result
+
+    def register_view(self, view, owner: dict, kind: str) -> None:
+        """``view`` is ``owner.<kind>()``: generated code rebuilds it from its dict."""
+        self.view_owner[id(view)] = (owner, kind)
+        self._keep.append(view)
 
     def _wrap_tensor(self, value: torch.Tensor, source: str) -> TensorVar:
         same = self.tensor_by_id.get(id(value))
@@ -229,6 +273,8 @@ class Tracer:
         t = TrackedContainer(source, copy, snap)
         self.tracked.append(t)
         self.tracked_by_id[id(copy)] = t
+        self.copy_of[id(original)] = t
+        self._keep.append(original)
 
     # ------------------------------------------------------------------ side effects
     def record_setattr(self, obj, name: str, value) -> None:

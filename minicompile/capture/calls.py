@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import operator
 import types
 
@@ -20,7 +21,7 @@ from minicompile.capture.interpreter import run_frame
 from minicompile.capture import semantics
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (GradModeCtx, GradModeExit, GraphBreak, SymBoundMethod, SymFunction,
+from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod, SymFunction,
                                            TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
@@ -85,6 +86,16 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, SymBoundMethod):
         return call(tracer, fn.func, [fn.self_value, *args], kwargs)
+    if isinstance(fn, GradModeCtx):   # `@torch.no_grad()` applied to a function
+        if len(args) != 1 or kwargs or not isinstance(args[0], (SymFunction, types.FunctionType)):
+            raise GraphBreak("calling a grad-mode context manager on something other than a function")
+        return GradModeFunction(args[0], fn.enabled)
+    if isinstance(fn, GradModeFunction):
+        restore = tracer.grad_enabled
+        tracer.set_grad(fn.enabled)
+        result = call(tracer, fn.func, args, kwargs)
+        tracer.set_grad(restore)
+        return result
     if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
         tracer.set_grad(fn.restore)
         return None
@@ -117,6 +128,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return _fromkeys(tracer, args, kwargs)
     if fn in _MATH_FUNCS or fn in _OPERATOR_FUNCS:
         return _pure_or_graph(tracer, fn, args, kwargs)
+    if isinstance(fn, type) and issubclass(fn, numbers.Number) and not contains_symbolic((args, kwargs)):
+        return fn(*args, **kwargs)   # NumPy scalar types: numbers made from constants
     if isinstance(fn, type) and issubclass(fn, tuple) and hasattr(fn, "_fields"):
         return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
     if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):

@@ -16,19 +16,22 @@ import torch
 
 from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter,
-                                           SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, contains_symbolic)
+from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
+                                           GraphBreak, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
+                                           TensorMethod, TensorVar, contains_symbolic, real_grad_ctx)
 
 
 def _mkcell():
     return types.CellType()
 
 
-def _mkfunc(code, globals_, name, defaults, kwdefaults, closure):
+def _mkfunc(code, globals_, name, defaults, kwdefaults, closure, annotations=None):
     fn = types.FunctionType(code, globals_, name, defaults, closure)
+    fn.__qualname__ = code.co_qualname
     if kwdefaults:
         fn.__kwdefaults__ = kwdefaults
+    if annotations:
+        fn.__annotations__ = annotations
     return fn
 
 
@@ -128,11 +131,16 @@ class Reifier:
             closure = "(" + "".join(self.expr(c) + ", " for c in v.closure) + ")" if v.closure else "None"
             return self._temp(v, f"_mkfunc({self.ns.const(v.code, 'code')}, "
                                  f"{self.ns.const(v.globals, 'G')}, {v.name!r}, "
-                                 f"{self.expr(v.defaults)}, {self.expr(v.kwdefaults)}, {closure})")
+                                 f"{self.expr(v.defaults)}, {self.expr(v.kwdefaults)}, {closure}, "
+                                 f"{self.expr(v.annotations)})")
         if isinstance(v, SymBoundMethod):
             return f"_MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
         if isinstance(v, TensorMethod):
             return f"getattr({self.expr(v.tensor)}, {v.name!r})"
+        if isinstance(v, GradModeCtx):
+            return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})"
+        if isinstance(v, GradModeFunction):
+            return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})({self.expr(v.func)})"
         if isinstance(v, GradModeExit):
             return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
         if isinstance(v, torch.Tensor):

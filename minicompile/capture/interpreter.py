@@ -281,11 +281,12 @@ def _make_function(frame, inst):
     code = frame.pop()
     flags = inst.arg
     closure = frame.pop() if flags & 0x08 else ()
-    if flags & 0x04:
-        frame.pop()  # annotations do not affect execution
+    annotations = frame.pop() if flags & 0x04 else None
+    if type(annotations) is tuple:   # (name, value, name, value, ...) since Python 3.10
+        annotations = dict(zip(annotations[::2], annotations[1::2]))
     kwdefaults = frame.pop() if flags & 0x02 else None
     defaults = frame.pop() if flags & 0x01 else None
-    frame.push(SymFunction(code, frame.globals, code.co_name, defaults, kwdefaults, tuple(closure)))
+    frame.push(SymFunction(code, frame.globals, code.co_name, defaults, kwdefaults, tuple(closure), annotations))
 
 
 @op("KW_NAMES")

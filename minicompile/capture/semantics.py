@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import numbers
 import operator
 import types
 
@@ -66,7 +67,7 @@ def is_record(v) -> bool:
 
 
 def is_plain(v) -> bool:
-    return isinstance(v, _PLAIN) or (isinstance(v, tuple))
+    return isinstance(v, (*_PLAIN, numbers.Number))   # numbers include NumPy scalars
 
 
 def binary(tracer: Tracer, fn, a, b):
@@ -304,6 +305,8 @@ def getattr_(tracer: Tracer, obj, name: str):
             return obj.name
         if name == "__code__":
             return obj.code
+        if name == "__annotations__":
+            return obj.annotations if obj.annotations is not None else {}
         raise GraphBreak(f"attribute {name} of a function made while tracing")
     if isinstance(obj, SymBoundMethod):
         if name == "__self__":
@@ -340,7 +343,10 @@ def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
         return tracer.call_graph("call_method", "detach", (t,))
     if name in ("grad", "grad_fn", "is_leaf", "_base", "names", "untyped_storage"):
         raise GraphBreak(f"tensor.{name} depends on autograd/runtime state the graph cannot see")
-    if callable(getattr(torch.Tensor, name, None)):
+    if name == "__class__":
+        return t.cls
+    attr = getattr(torch.Tensor, name, None)
+    if callable(attr) and not isinstance(attr, type):
         return TensorMethod(t, name)
     raise GraphBreak(f"tensor attribute {name!r}")
 

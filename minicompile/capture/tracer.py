@@ -315,7 +315,7 @@ class Tracer:
         accepted (as constants) when ``allow_constant_result`` says they depend on
         metadata alone; anything else is data-dependent and cannot be traced.
         """
-        kwargs = kwargs or {}
+        args, kwargs = _map(args, graph_constant), _map(kwargs or {}, graph_constant)
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
         try:
@@ -385,6 +385,25 @@ def _readable(source: str, names: dict) -> str:
 def _short(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:160] if text else ""
+
+
+# Constants FX writes into graph code as literals (or names it defines itself).
+_GRAPH_CONSTANTS = {int, float, bool, complex, str, type(None), type(...), torch.dtype, torch.device,
+                    torch.layout, torch.memory_format}
+_GRAPH_TYPES = {int, float, bool, complex}
+
+
+def graph_constant(v):
+    """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
+    the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
+    graph break rather than a NameError or SyntaxError when the graph runs."""
+    if isinstance(v, (TensorVar, torch.Tensor)) or type(v) in _GRAPH_CONSTANTS:
+        return v
+    if type(v) is type and v in _GRAPH_TYPES:
+        return v
+    if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
+        return v.item()
+    raise GraphBreak(f"a {type(v).__name__} cannot be a constant in the graph")
 
 
 def _to_fake(v):

@@ -145,3 +145,131 @@ def test_ordered_dict_holding_tensors():
     d = collections.OrderedDict(a=t(3), b=t(3) * 2)
     report = check_capture(f_ordered_dict_views, t(3), d, graphs=1, breaks=0)
     assert type(report.output[2]) is collections.OrderedDict and list(report.output[2]) == ["a", "b", "c"]
+
+
+# ---------------------------------------------------------------------- resume impossible: Python
+def f_set_of_tensors(x):
+    y = x * 2
+    s = {y}
+    z = y + len(s)
+    return z * 3
+
+
+def test_untraceable_resume_runs_in_python_and_is_reported():
+    report = run_both(f_set_of_tensors, t(3))
+    assert [f.kind for f in report.fallbacks] == ["python"], report
+    assert "set" in report.fallbacks[0].reason
+
+
+# ---------------------------------------------------------------------- crashes become breaks
+def f_set_local(x):
+    s = {1, 2, 3}
+    s.add(4)
+    s.discard(1)
+    return x + len(s), 2 in s, sorted(s)
+
+
+def f_set_across_break(x, s):
+    s.add(5)
+    print("break")
+    s.add(6)
+    return x + len(s), 5 in s
+
+
+def test_sets_of_constants():
+    check_capture(f_set_local, t(3), graphs=1, breaks=0)
+    s = {1, 2}
+    report = check_capture(f_set_across_break, t(3), s, graphs=1, breaks=1)
+    assert report.output[1] is True
+    compiled = compile(f_set_across_break)
+    compiled(t(3), s)
+    assert s == {1, 2, 5, 6}   # the caller's set got both writes
+
+
+def f_fromkeys(x):
+    d = dict.fromkeys(["a", "b"], x)
+    return d["a"] + d["b"], list(d)
+
+
+def f_module_keys(x, m):
+    d = {m: x}
+    return d[m] + 1
+
+
+def f_module_keyed_arg(x, d):
+    return sum(d.values()) + x
+
+
+def test_fromkeys_and_non_constant_keys():
+    check_capture(f_fromkeys, t(3), graphs=1, breaks=0)
+    m = Doubler()
+    report = run_both(f_module_keys, t(3), m)
+    assert report.graph_count == 1 and not report.fallbacks, report
+    report = run_both(f_module_keyed_arg, t(3), {m: t(3), (1, 2): t(3) * 2})
+    assert report.break_count + len(report.fallbacks) >= 1, report   # unmodeled: recorded, not raised
+
+
+def f_numpy_scalar(x):
+    return x * np.float32(2.0) + np.float64(1.5), np.int64(3) + 1
+
+
+def f_numpy_array(x):
+    a = np.arange(3, dtype=np.float32)
+    return x + torch.as_tensor(a) * float(a.sum())
+
+
+def test_numpy_values_never_reach_generated_code():
+    check_capture(f_numpy_scalar, t(3), graphs=1, breaks=0)
+    report = run_both(f_numpy_array, t(3))
+    assert not report.fallbacks, report
+
+
+def f_typing(x):
+    def inner(y: typing.Optional[torch.Tensor], n: typing.List[int] = [1]) -> typing.Tuple[torch.Tensor]:
+        return (y + n[0],)
+    z: typing.Dict[str, torch.Tensor] = {"a": inner(x)[0]}
+    return z["a"] * 2, inner.__annotations__["n"], typing.cast(int, 3)
+
+
+def test_typing_annotations():
+    report = run_both(f_typing, t(3))
+    assert report.output[1] == "typing.List[int]"   # (this file's annotations are strings)
+
+
+def f_tensor_type_checks(x):
+    if isinstance(x, torch.Tensor) and type(x) is torch.Tensor and torch.is_tensor(x):
+        return x + 1, torch.Tensor, x.__class__ is torch.Tensor
+    return x - 1, None, False
+
+
+def test_tensor_type_checks():
+    check_capture(f_tensor_type_checks, t(3), graphs=1, breaks=0)
+
+
+def f_dict_update(x):
+    d = {"a": x}
+    d.update({"b": x + 1}, c=[x])
+    update = d.update
+    update(e=x * 2)
+    keys = list(d.keys())
+    values = list(d.values())
+    return keys, values[0] + values[1] + values[3], len(values[2])
+
+
+def test_dict_update_then_views():
+    check_capture(f_dict_update, t(3), graphs=1, breaks=0)
+
+
+def f_no_grad_decorator(x):
+    @torch.no_grad()
+    def inner(y):
+        return y * 2
+
+    z = inner(x)
+    return z + 1, z.requires_grad, torch.is_grad_enabled()
+
+
+def test_no_grad_as_decorator_on_inner_function():
+    x = t(3).requires_grad_()
+    report = check_capture(f_no_grad_decorator, x, graphs=1, breaks=0)
+    assert report.output[1] is False and report.output[2] is True

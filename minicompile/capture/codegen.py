@@ -114,6 +114,8 @@ class Reifier:
         if type(v) is set:
             items = ", ".join(self.expr(x) for x in v)
             return self._temp(v, f"{{{items}}}" if v else "set()")
+        if isinstance(v, types.BuiltinMethodType) and type(v.__self__) in _REPLACE:
+            return f"{self.expr(v.__self__)}.{v.__name__}"   # a method of the rebuilt container
         view = self.tracer.view_owner.get(id(v))
         if view is not None:
             return f"{self.expr(view[0])}.{view[1]}()"

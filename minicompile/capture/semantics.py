@@ -324,6 +324,9 @@ def getattr_(tracer: Tracer, obj, name: str):
         raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
     src = _obj_source(tracer, obj)
     d = getattr(obj, "__dict__", None)
+    traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
+    if traced is not None and name in traced.copy:   # ``obj.__dict__`` was read and written
+        return traced.copy[name]
     if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
         return tracer.wrap(d[name], f"{src}.{name}")
     return class_attr(tracer, obj, name, src)

@@ -273,3 +273,30 @@ def test_no_grad_as_decorator_on_inner_function():
     x = t(3).requires_grad_()
     report = check_capture(f_no_grad_decorator, x, graphs=1, breaks=0)
     assert report.output[1] is False and report.output[2] is True
+
+
+class Config:
+    def __init__(self):
+        self.a = 1
+
+
+def f_instance_dict_update(x, c):
+    c.__dict__.update({"a": 2, "b": 3})
+    return x + c.a + c.b
+
+
+def f_bound_container_method_across_break(x):
+    d = {"a": x}
+    update = d.update
+    print("break")
+    update(b=x + 1)
+    return sum(d.values()), list(d)
+
+
+def test_writes_through_dict_and_bound_methods_are_seen():
+    c = Config()
+    expected = f_instance_dict_update(t(3), Config())
+    report = explain(f_instance_dict_update)(t(3), c)
+    assert same(report.output, expected), report
+    assert c.b == 3 and c.a == 2
+    check_capture(f_bound_container_method_across_break, t(3), graphs=1, breaks=1)

@@ -64,9 +64,21 @@ def _torch_special():
         torch.jit.is_scripting: const(False),
         torch.jit.is_tracing: const(False),
         torch.compiler.is_compiling: const(True),
+        torch._assert: _assert,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
     }
+
+
+def _assert(tracer: Tracer, args, kwargs):
+    """``torch._assert(cond, msg)`` on a condition known while tracing (shapes, guarded Python
+    values): true, it is removed; false, it breaks so Python raises eager's AssertionError."""
+    cond = args[0] if args else kwargs.get("condition")
+    if isinstance(cond, TensorVar):
+        raise GraphBreak("torch._assert on a tensor value (data-dependent)")
+    if not semantics.truth(tracer, cond):
+        raise GraphBreak("torch._assert fails here (raised in Python)")
+    return None
 
 
 def _grad_ctx(enabled: bool, args, kwargs) -> GradModeCtx:

@@ -300,3 +300,28 @@ def test_writes_through_dict_and_bound_methods_are_seen():
     assert same(report.output, expected), report
     assert c.b == 3 and c.a == 2
     check_capture(f_bound_container_method_across_break, t(3), graphs=1, breaks=1)
+
+
+# ---------------------------------------------------------------------- shape assertions
+def f_shape_asserts(x):
+    torch._assert(x.shape[-1] == 3, "last dim must be 3")
+    assert x.dim() == 2, f"expected 2-d input, got {x.dim()}-d"
+    torch._assert(x.size(0) % 2 == 0, "even batch")
+    return torch.relu(x) + 1
+
+
+def test_shape_asserts_are_guarded_and_removed():
+    report = check_capture(f_shape_asserts, t(4, 3), graphs=1, breaks=0)
+    assert report.graphs[0].ops == 2, report
+
+
+def test_failing_shape_assert_raises_eagers_error():
+    compiled = compile(f_shape_asserts)
+    compiled(t(4, 3))
+    for bad, message in ((t(4, 5), "last dim must be 3"), (t(3, 3), "even batch")):
+        try:
+            compiled(bad)
+        except AssertionError as e:
+            assert message in str(e)
+        else:
+            raise AssertionError("the failing assert did not raise")

@@ -157,16 +157,15 @@ class CodeCache:
         return self.new_resume_entry(offset, L).run(L)
 
     def new_resume_entry(self, offset: int, L: tuple, record: bool = True):
-        """Trace the frame from ``offset``; where that is impossible the call is past the point
-        of an fx/eager fallback, so the rest runs instruction by instruction in Python
-        until tracing can resume (recorded once per stretch, as a "python" fallback)."""
+        """Trace the frame from ``offset``; where impossible (too late for fx/eager) run it in Python
+        until tracing can resume (a NativeEntry, recorded once per stretch as a "python" fallback)."""
         try:
             entry = trace_segment(self, offset, L)
         except CannotCapture as e:
             entry = NativeEntry(self, offset, e.reason, e.where)
             if record:
-                self.ctx.report.fallbacks.append(FallbackRecord(self.code.co_name, "python",
-                                                            f"from offset {offset}: {e.reason}", e.where))
+                reason = f"from offset {offset}: {e.reason}"
+                self.ctx.report.fallbacks.append(FallbackRecord(self.code.co_name, "python", reason, e.where))
             log.info("running %s from offset %d in Python: %s", self.code.co_name, offset, e.reason)
         self.entries.setdefault(offset, []).append(entry)
         return entry

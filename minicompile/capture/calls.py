@@ -21,8 +21,8 @@ from minicompile.capture.interpreter import run_frame
 from minicompile.capture import semantics
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod, SymFunction,
-                                           TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod,
+                                           SymFunction, TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
 
@@ -71,8 +71,8 @@ def _torch_special():
 
 
 def _assert(tracer: Tracer, args, kwargs):
-    """``torch._assert(cond, msg)`` on a condition known while tracing (shapes, guarded Python
-    values): true, it is removed; false, it breaks so Python raises eager's AssertionError."""
+    """``torch._assert`` on a condition known while tracing (shapes, guarded values): removed when
+    true; a break when false, so Python raises eager's AssertionError."""
     cond = args[0] if args else kwargs.get("condition")
     if isinstance(cond, TensorVar):
         raise GraphBreak("torch._assert on a tensor value (data-dependent)")

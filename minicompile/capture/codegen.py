@@ -101,15 +101,11 @@ class Reifier:
             self.memo[id(v)] = name = f"t{len(self.memo)}"
             self.lines.append(f"{name} = [{', '.join(self.expr(x) for x in v)}]")
             return name
-        if type(v) is dict:
+        if type(v) in (dict, collections.OrderedDict):
             self.memo[id(v)] = name = f"t{len(self.memo)}"
-            body = ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items())
-            self.lines.append(f"{name} = {{{body}}}")
-            return name
-        if type(v) is collections.OrderedDict:
-            self.memo[id(v)] = name = f"t{len(self.memo)}"
-            body = "".join(f"({self.expr(k)}, {self.expr(x)}), " for k, x in v.items())
-            self.lines.append(f"{name} = {self.ns.const(collections.OrderedDict, 'T')}([{body}])")
+            body = "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
+            kind = "" if type(v) is dict else self.ns.const(collections.OrderedDict, "T")
+            self.lines.append(f"{name} = {kind}({body})" if kind else f"{name} = {body}")
             return name
         if type(v) is set:
             items = ", ".join(self.expr(x) for x in v)

@@ -39,13 +39,10 @@ def _make_function(s, inst):
     s.push(fn)
 
 
-def _store_deref(s, inst):
-    s.cells[inst.argval].cell_contents = s.pop()
-
-
 # Opcodes whose interpreter handler records into the trace: their real-Python meaning.
 _REAL = {"LOAD_DEREF": lambda s, inst: s.push(s.cells[inst.argval].cell_contents),
-         "STORE_DEREF": _store_deref, "MAKE_FUNCTION": _make_function}
+         "STORE_DEREF": lambda s, inst: setattr(s.cells[inst.argval], "cell_contents", s.pop()),
+         "MAKE_FUNCTION": _make_function}
 
 
 class _State:
@@ -82,9 +79,7 @@ class NativeEntry:
         self.cache, self.offset, self.reason, self.where = cache, offset, reason, where
         self.info = code_info(cache.code)
         self._actions: dict[int, BreakAction] = {}
-
-    def fast(self, L: tuple):
-        return self.run(L)
+        self.fast = self.run
 
     def run(self, L: tuple):
         code, cache = self.cache.code, self.cache
@@ -121,10 +116,9 @@ class NativeEntry:
                 return s.target
             return self.info.insts[index + 1].offset
         if inst.opname not in NATIVE_STEPS:
-            raise RuntimeError(
-                f"minicompile capture: cannot resume {self.cache.code.co_name}() after a graph break "
-                f"({self.reason} at {self.where}), and {inst.opname} has no Python step. Run this "
-                f"function without minicompile.compile, or move the construct into a helper function.")
+            raise RuntimeError(f"minicompile capture: cannot resume {self.cache.code.co_name}() after a graph "
+                               f"break ({self.reason} at {self.where}): {inst.opname} has no Python step. "
+                               f"Run it without minicompile.compile, or move the construct into a helper.")
         action = self._actions.get(offset)
         if action is None:
             action = self._actions[offset] = BreakAction(self.cache, inst, s.kw_names, self.reason, self.where)

@@ -203,11 +203,7 @@ def _subclass_item(tracer: Tracer, obj, key):
     src = tracer.source_of(obj)
     if getitem not in _STORAGE_GETITEM or src is None or type(key) not in (int, str):
         raise GraphBreak(f"subscript of a {type(obj).__name__}")
-    try:
-        value = obj[key]
-    except (KeyError, IndexError) as e:
-        raise GraphBreak(f"{type(e).__name__}: {key!r}") from None
-    return tracer.wrap(value, f"{src}[{key!r}]")
+    return tracer.wrap(obj[key], f"{src}[{key!r}]")   # a KeyError is a break, raised in Python
 
 
 def store_subscr(tracer: Tracer, obj, key, value) -> None:

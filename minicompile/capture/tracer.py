@@ -177,11 +177,10 @@ class Tracer:
         if type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value):
             g.type_is(source, type(value))
             g.add(f"{source} == {self.ns.const(frozenset(value))}")
-            if type(value) is frozenset:
-                return value
-            copy = set(value)
-            self._track(source, copy, value)
-            return copy
+            if type(value) is set:
+                self._track(source, copy := set(value), value)
+                return copy
+            return value
         if type(value) in _DICT_VIEWS:
             return self._wrap_view(value, source)
         if isinstance(value, types.BuiltinMethodType) and type(value.__self__) in _TRACED_CONTAINERS:
@@ -237,8 +236,7 @@ class Tracer:
         if type(owner) not in (dict, collections.OrderedDict):
             raise GraphBreak(f"a view of a {type(owner).__name__} read from {source}")
         kind = _DICT_VIEWS[type(view)]
-        result = getattr(owner, kind)()
-        self.register_view(result, owner, kind)
+        self.register_view(result := getattr(owner, kind)(), owner, kind)
         return result
 
     def register_view(self, view, owner: dict, kind: str) -> None:
@@ -403,9 +401,8 @@ def graph_constant(v):
     """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
     the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
     graph break rather than a NameError or SyntaxError when the graph runs."""
-    if isinstance(v, (TensorVar, torch.Tensor)) or type(v) in _GRAPH_CONSTANTS:
-        return v
-    if type(v) is type and v in _GRAPH_TYPES:
+    if isinstance(v, (TensorVar, torch.Tensor)) or type(v) in _GRAPH_CONSTANTS or (
+            type(v) is type and v in _GRAPH_TYPES):
         return v
     if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
         return v.item()

@@ -34,9 +34,6 @@ _DICT_VIEWS = {type(getattr(d, kind)()): kind for d in ({}, collections.OrderedD
                for kind in ("keys", "values", "items")}
 
 
-_TRACED_CONTAINERS = (list, dict, collections.OrderedDict, set)
-
-
 def view_owner(view) -> dict:
     """The dict a ``dict_keys``/``dict_values``/``dict_items`` view reads (its one referent)."""
     return gc.get_referents(view)[0]
@@ -183,8 +180,10 @@ class Tracer:
             return value
         if type(value) in _DICT_VIEWS:
             return self._wrap_view(value, source)
-        if isinstance(value, types.BuiltinMethodType) and type(value.__self__) in _TRACED_CONTAINERS:
-            # ``d.update`` handed over at a break: the method of the container's traced copy
+        if isinstance(value, types.BuiltinMethodType) and not isinstance(
+                value.__self__, (types.ModuleType, torch.Tensor, type(None))):
+            # ``d.update``: a bound method is made per read, so guard its object (for a traced
+            # container, the method of its copy), not the method's identity
             return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)

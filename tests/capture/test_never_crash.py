@@ -325,3 +325,15 @@ def test_failing_shape_assert_raises_eagers_error():
             assert message in str(e)
         else:
             raise AssertionError("the failing assert did not raise")
+
+
+def f_defaultdict_get(x, d):
+    return x + d.get("a", 0) + d["b"]
+
+
+def test_method_of_an_argument_object_does_not_recompile():
+    d = collections.defaultdict(int, a=2, b=3)
+    compiled = compile(f_defaultdict_get)
+    for _ in range(3):
+        assert same(compiled(t(3), d), f_defaultdict_get(t(3), d))
+    assert not compiled.capture_report.recompiles, compiled.capture_report

@@ -39,18 +39,14 @@ def _replace_list(target: list, items: list) -> None:
     target[:] = items
 
 
-def _replace_dict(target: dict, items: dict) -> None:
+def _replace_contents(target, items) -> None:
+    """A dict's or a set's contents become ``items``'s, in place."""
     target.clear()
     target.update(items)
 
 
-def _replace_set(target: set, items: set) -> None:
-    target.clear()
-    target.update(items)
-
-
-_REPLACE = {list: "_replace_list", dict: "_replace_dict", collections.OrderedDict: "_replace_dict",
-            set: "_replace_set"}
+_REPLACE = {list: "_replace_list", dict: "_replace_contents", collections.OrderedDict: "_replace_contents",
+            set: "_replace_contents"}
 
 
 class Reifier:
@@ -65,7 +61,7 @@ class Reifier:
         self.memo: dict[int, str] = {}
         ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
                          _ResumeIter=ResumeIter, _replace_list=_replace_list,
-                         _replace_dict=_replace_dict, _replace_set=_replace_set)
+                         _replace_contents=_replace_contents)
 
     def _temp(self, obj, text: str) -> str:
         name = f"t{len(self.memo)}"

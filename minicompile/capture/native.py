@@ -72,8 +72,7 @@ class _State:
 class NativeEntry:
     """The cache entry at an offset the tracer cannot resume from: always applies."""
 
-    graph = None
-    guards = None
+    graph = guards = None
 
     def __init__(self, cache, offset: int, reason: str, where: str | None):
         self.cache, self.offset, self.reason, self.where = cache, offset, reason, where

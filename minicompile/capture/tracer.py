@@ -34,6 +34,11 @@ _DICT_VIEWS = {type(getattr(d, kind)()): kind for d in ({}, collections.OrderedD
                for kind in ("keys", "values", "items")}
 
 
+def _identity_key(k) -> bool:
+    """A dict key hashed and compared by identity (a module, a function, a plain object)."""
+    return type(k).__eq__ is object.__eq__ and type(k).__hash__ is object.__hash__
+
+
 def view_owner(view) -> dict:
     """The dict a ``dict_keys``/``dict_values``/``dict_items`` view reads (its one referent)."""
     return gc.get_referents(view)[0]
@@ -165,10 +170,10 @@ class Tracer:
         if type(value) in (dict, collections.OrderedDict):
             g.type_is(source, type(value))
             keys = list(value.keys())
-            if not all(type(k) in (str, int, bool) for k in keys):
-                raise GraphBreak(f"dict with non-constant keys at {source}")
-            g.add(f"list({source}) == {keys!r}")
-            copy = type(value)((k, self.wrap(value[k], f"{source}[{k!r}]")) for k in keys)
+            if not all(type(k) in _CONST_TYPES or _identity_key(k) for k in keys):
+                raise GraphBreak(f"dict with keys compared by value (not constants) at {source}")
+            g.add(f"list({source}) == {self.ns.const(keys, 'keys')}")   # identity keys: `is` first
+            copy = type(value)((k, self.wrap(value[k], f"{source}[{self.ns.literal(k)}]")) for k in keys)
             self._track(source, copy, value)
             return copy
         if type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value):

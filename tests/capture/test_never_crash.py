@@ -205,8 +205,10 @@ def test_fromkeys_and_non_constant_keys():
     m = Doubler()
     report = run_both(f_module_keys, t(3), m)
     assert report.graph_count == 1 and not report.fallbacks, report
-    report = run_both(f_module_keyed_arg, t(3), {m: t(3), (1, 2): t(3) * 2})
-    assert report.break_count + len(report.fallbacks) >= 1, report   # unmodeled: recorded, not raised
+    report = run_both(f_module_keyed_arg, t(3), {m: t(3), "k": t(3) * 2})
+    assert report.graph_count == 1 and not report.fallbacks, report
+    report = run_both(f_module_keyed_arg, t(3), {(1, 2): t(3), 3.5: t(3) * 2})   # keys compared by value
+    assert [f.kind for f in report.fallbacks] == ["eager"] and "keys" in report.fallbacks[0].reason, report
 
 
 def f_numpy_scalar(x):

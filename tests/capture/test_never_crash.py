@@ -339,3 +339,12 @@ def test_method_of_an_argument_object_does_not_recompile():
     for _ in range(3):
         assert same(compiled(t(3), d), f_defaultdict_get(t(3), d))
     assert not compiled.capture_report.recompiles, compiled.capture_report
+
+
+def f_as_subclass(x):
+    return x.as_subclass(torch.Tensor) * 2, type(x.as_subclass(torch.Tensor)) is torch.Tensor
+
+
+def test_class_arguments_never_reach_graph_code():
+    report = run_both(f_as_subclass, nn.Parameter(t(3)))   # a class cannot be spelled in the graph
+    assert report.output[1] is True and not report.fallbacks, report

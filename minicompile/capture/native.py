@@ -46,7 +46,9 @@ _REAL = {"LOAD_DEREF": lambda s, inst: s.push(s.cells[inst.argval].cell_contents
 
 
 class _State:
-    """The frame as the interpreter's handlers see it, holding real values."""
+    """The frame as the interpreter's handlers see it, holding real values (and no tracer)."""
+
+    tracer = None
 
     def __init__(self, cache, locals_: dict, cells: dict, stack: list):
         self.code, self.globals = cache.code, cache.globals

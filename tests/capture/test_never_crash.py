@@ -155,7 +155,19 @@ def f_set_of_tensors(x):
     return z * 3
 
 
+def f_set_of_tensors_then_loops(x):
+    y = x * 2
+    s = {y}
+    out = []
+    for i, v in enumerate([y, y + 1]):
+        out.append(v * len(s) if i % 2 == 0 else v - 1)
+    scale = lambda a, b=2: a * b  # noqa: E731
+    return out, {k: k * 2 for k in range(3)}, scale(y, b=3), [z for z in s][0] is y
+
+
 def test_untraceable_resume_runs_in_python_and_is_reported():
+    report = run_both(f_set_of_tensors_then_loops, t(3))
+    assert [f.kind for f in report.fallbacks] == ["python"] and report.output[3] is True, report
     report = run_both(f_set_of_tensors, t(3))
     assert [f.kind for f in report.fallbacks] == ["python"], report
     assert "set" in report.fallbacks[0].reason

@@ -293,8 +293,8 @@ def getattr_(tracer: Tracer, obj, name: str):
         if isinstance(value, torch.Tensor):
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
-    if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or (
-            is_record(obj) and not hasattr(obj, "__dict__")):
+    if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
+            name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
         return getattr(obj, name)   # (a subclass's attributes are read as an object's)
     if isinstance(obj, SymFunction):
         if name in ("__name__", "__qualname__"):

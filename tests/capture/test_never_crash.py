@@ -360,3 +360,19 @@ def f_as_subclass(x):
 def test_class_arguments_never_reach_graph_code():
     report = run_both(f_as_subclass, nn.Parameter(t(3)))   # a class cannot be spelled in the graph
     assert report.output[1] is True and not report.fallbacks, report
+
+
+class Pair(collections.namedtuple("Pair", ["a", "b"])):
+    """A namedtuple subclass without __slots__: its instances have a __dict__."""
+
+    def total(self):
+        return self.a + self.b
+
+
+def f_namedtuple_subclass(x, p):
+    q = Pair(x, x * 2)
+    return p.a * q.b, q.total()
+
+
+def test_namedtuple_subclass_fields():
+    check_capture(f_namedtuple_subclass, t(3), Pair(t(3), t(3) + 1), graphs=1, breaks=0)

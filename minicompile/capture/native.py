@@ -53,8 +53,7 @@ class _State:
     def __init__(self, cache, locals_: dict, cells: dict, stack: list):
         self.code, self.globals = cache.code, cache.globals
         self.locals, self.cells, self.stack = locals_, cells, stack
-        self.kw_names, self.returned, self.return_value, self.yields = (), False, None, None
-        self.target = None
+        self.kw_names, self.returned, self.return_value, self.yields, self.target = (), False, None, None, None
 
     def push(self, v):
         self.stack.append(v)

@@ -186,9 +186,10 @@ class Tracer:
         if type(value) in _DICT_VIEWS:
             return self._wrap_view(value, source)
         if isinstance(value, types.BuiltinMethodType) and not isinstance(
-                value.__self__, (types.ModuleType, torch.Tensor, type(None))):
-            # ``d.update``: a bound method is made per read, so guard its object (for a traced
-            # container, the method of its copy), not the method's identity
+                value.__self__, (types.ModuleType, torch.Tensor, type(None))) and getattr(
+                value.__self__, value.__name__, None) is not value:
+            # a bound method made per read (``d.update``): guard its object and name, not its identity
+            g.add(f"{source}.__name__ == {value.__name__!r}")
             return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)

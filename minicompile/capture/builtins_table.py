@@ -7,6 +7,7 @@ break: it runs in real Python between two graphs.
 from __future__ import annotations
 
 import builtins
+import collections
 import operator
 
 import torch
@@ -139,13 +140,23 @@ def _tuple(tracer: Tracer, args, kwargs):
     return tuple(semantics.iterate(tracer, args[0])) if args else ()
 
 
-@builtin(builtins.dict)
-def _dict(tracer: Tracer, args, kwargs):
-    result = {}
+def _dict_of(cls):
+    def handler(tracer: Tracer, args, kwargs):
+        return _fill_dict(tracer, cls(), args, kwargs)
+    return handler
+
+
+BUILTINS[builtins.dict] = _dict_of(dict)
+BUILTINS[collections.OrderedDict] = _dict_of(collections.OrderedDict)
+
+
+def _fill_dict(tracer: Tracer, result: dict, args, kwargs):
     if args:
         src = args[0]
-        if isinstance(src, dict):
+        if type(src) in semantics.DICT_TYPES:
             result.update(src)
+        elif isinstance(src, dict):
+            raise GraphBreak(f"dict() of a {type(src).__name__} (its items would be read untraced)")
         else:
             for pair in semantics.iterate(tracer, src):
                 k, v = semantics.iterate(tracer, pair)

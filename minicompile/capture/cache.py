@@ -20,6 +20,7 @@ from torch.nn.modules import module as nn_module
 from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
 from minicompile.capture.fallback import try_fx
 from minicompile.capture.frame import arg_names, bind_arguments, prescan
+from minicompile.capture.native import NativeEntry
 from minicompile.capture.segment import MISS, CannotCapture, trace_segment
 from minicompile.config import config
 
@@ -153,18 +154,25 @@ class CodeCache:
                 # Halfway through a call there is no eager frame to return to: finish this
                 # call compiled, and run later calls eagerly from the start.
                 self._go_eager(guard)
+        return self.new_resume_entry(offset, L).run(L)
+
+    def new_resume_entry(self, offset: int, L: tuple, record: bool = True):
+        """Trace the frame from ``offset``; where impossible (too late for fx/eager) run it in Python
+        until tracing can resume (a NativeEntry, recorded once per stretch as a "python" fallback)."""
         try:
             entry = trace_segment(self, offset, L)
         except CannotCapture as e:
-            raise RuntimeError(
-                f"minicompile capture: cannot resume {self.code.co_name}() after a graph break "
-                f"({e.reason} at {e.where}). Run this function without minicompile.compile, or "
-                f"move the construct into a helper function.") from None
-        entries.append(entry)
-        return entry.run(L)
+            entry = NativeEntry(self, offset, e.reason, e.where)
+            if record:
+                reason = f"from offset {offset}: {e.reason}"
+                self.ctx.report.fallbacks.append(FallbackRecord(self.code.co_name, "python", reason, e.where))
+            log.info("running %s from offset %d in Python: %s", self.code.co_name, offset, e.reason)
+        self.entries.setdefault(offset, []).append(entry)
+        return entry
 
     def _failed_guard(self, entries: list, L: tuple) -> str:
-        return entries[-1].guards.first_failure(L) or "(no single guard failed)"
+        guards = entries[-1].guards
+        return (guards.first_failure(L) if guards is not None else None) or "(no single guard failed)"
 
     def _go_eager(self, guard: str) -> None:
         self.eager = True

@@ -5,7 +5,9 @@ tables (``builtins_table.BUILTINS``, ``TORCH_SPECIAL``), not in if-chains.
 """
 from __future__ import annotations
 
+import collections
 import math
+import numbers
 import operator
 import types
 
@@ -19,8 +21,8 @@ from minicompile.capture.interpreter import run_frame
 from minicompile.capture import semantics
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (GradModeCtx, GradModeExit, GraphBreak, SymBoundMethod, SymFunction,
-                                           TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod,
+                                           SymFunction, TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
 
@@ -42,7 +44,14 @@ _CONTAINER_METHODS = {
     list: {"append", "extend", "insert", "pop", "index", "count", "reverse", "copy", "clear", "remove"},
     dict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy", "clear"},
     tuple: {"index", "count"},
+    collections.OrderedDict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy",
+                              "clear", "move_to_end", "popitem"},
+    set: {"add", "discard", "remove", "pop", "clear", "update", "copy", "union", "intersection",
+          "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
+          "intersection_update", "difference_update", "symmetric_difference_update"},
 }
+# Methods that put values into a set: a set only holds constants (tensors hash by identity).
+_SET_INSERTS = {"add", "update", "union", "symmetric_difference", "symmetric_difference_update"}
 
 
 def _torch_special():
@@ -55,9 +64,21 @@ def _torch_special():
         torch.jit.is_scripting: const(False),
         torch.jit.is_tracing: const(False),
         torch.compiler.is_compiling: const(True),
+        torch._assert: _assert,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
     }
+
+
+def _assert(tracer: Tracer, args, kwargs):
+    """``torch._assert`` on a condition known while tracing (shapes, guarded values): removed when
+    true; a break when false, so Python raises eager's AssertionError."""
+    cond = args[0] if args else kwargs.get("condition")
+    if isinstance(cond, TensorVar):
+        raise GraphBreak("torch._assert on a tensor value (data-dependent)")
+    if not semantics.truth(tracer, cond):
+        raise GraphBreak("torch._assert fails here (raised in Python)")
+    return None
 
 
 def _grad_ctx(enabled: bool, args, kwargs) -> GradModeCtx:
@@ -77,6 +98,16 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, SymBoundMethod):
         return call(tracer, fn.func, [fn.self_value, *args], kwargs)
+    if isinstance(fn, GradModeCtx):   # `@torch.no_grad()` applied to a function
+        if len(args) != 1 or kwargs or not isinstance(args[0], (SymFunction, types.FunctionType)):
+            raise GraphBreak("calling a grad-mode context manager on something other than a function")
+        return GradModeFunction(args[0], fn.enabled)
+    if isinstance(fn, GradModeFunction):
+        restore = tracer.grad_enabled
+        tracer.set_grad(fn.enabled)
+        result = call(tracer, fn.func, args, kwargs)
+        tracer.set_grad(restore)
+        return result
     if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
         tracer.set_grad(fn.restore)
         return None
@@ -104,9 +135,13 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONTAINER_METHODS:
-        return _container_method(fn, args, kwargs)
+        return _container_method(tracer, fn, args, kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and fn.__self__ is dict and fn.__name__ == "fromkeys":
+        return _fromkeys(tracer, args, kwargs)
     if fn in _MATH_FUNCS or fn in _OPERATOR_FUNCS:
         return _pure_or_graph(tracer, fn, args, kwargs)
+    if isinstance(fn, type) and issubclass(fn, numbers.Number) and not contains_symbolic((args, kwargs)):
+        return fn(*args, **kwargs)   # NumPy scalar types: numbers made from constants
     if isinstance(fn, type) and issubclass(fn, tuple) and hasattr(fn, "_fields"):
         return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
     if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):
@@ -194,16 +229,25 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
     return run_frame(frame)
 
 
-def _container_method(fn, args, kwargs):
+def _container_method(tracer: Tracer, fn, args, kwargs):
     owner = fn.__self__
     if fn.__name__ not in _CONTAINER_METHODS[type(owner)]:
         raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
     if any(isinstance(a, TensorVar) for a in args) and fn.__name__ in ("index", "count", "remove"):
         raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
+    if type(owner) is set and fn.__name__ in _SET_INSERTS and contains_symbolic((args, kwargs)):
+        raise GraphBreak("a set holding tensors or traced objects")
     result = fn(*args, **kwargs)
-    if type(result).__name__ in ("dict_keys", "dict_values", "dict_items"):
-        return list(result)
+    if type(result) in semantics.DICT_VIEWS:
+        tracer.register_view(result, owner, fn.__name__)   # live: later writes to owner show
     return result
+
+
+def _fromkeys(tracer: Tracer, args, kwargs):
+    keys = semantics.iterate(tracer, args[0]) if args else []
+    if contains_symbolic(keys):
+        raise GraphBreak("dict.fromkeys with tensor keys")
+    return dict.fromkeys(keys, *args[1:], **kwargs)
 
 
 def _pure_or_graph(tracer: Tracer, fn, args, kwargs):

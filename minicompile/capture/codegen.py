@@ -8,6 +8,7 @@ function, so a cache hit costs a guard expression plus this straight-line code.
 """
 from __future__ import annotations
 
+import collections
 import math
 import types
 
@@ -15,19 +16,22 @@ import torch
 
 from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter,
-                                           SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, contains_symbolic)
+from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
+                                           GraphBreak, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
+                                           TensorMethod, TensorVar, contains_symbolic, real_grad_ctx)
 
 
 def _mkcell():
     return types.CellType()
 
 
-def _mkfunc(code, globals_, name, defaults, kwdefaults, closure):
+def _mkfunc(code, globals_, name, defaults, kwdefaults, closure, annotations=None):
     fn = types.FunctionType(code, globals_, name, defaults, closure)
+    fn.__qualname__ = code.co_qualname
     if kwdefaults:
         fn.__kwdefaults__ = kwdefaults
+    if annotations:
+        fn.__annotations__ = annotations
     return fn
 
 
@@ -35,9 +39,14 @@ def _replace_list(target: list, items: list) -> None:
     target[:] = items
 
 
-def _replace_dict(target: dict, items: dict) -> None:
+def _replace_contents(target, items) -> None:
+    """A dict's or a set's contents become ``items``'s, in place."""
     target.clear()
     target.update(items)
+
+
+_REPLACE = {list: "_replace_list", dict: "_replace_contents", collections.OrderedDict: "_replace_contents",
+            set: "_replace_contents"}
 
 
 class Reifier:
@@ -52,7 +61,7 @@ class Reifier:
         self.memo: dict[int, str] = {}
         ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
                          _ResumeIter=ResumeIter, _replace_list=_replace_list,
-                         _replace_dict=_replace_dict)
+                         _replace_contents=_replace_contents)
 
     def _temp(self, obj, text: str) -> str:
         name = f"t{len(self.memo)}"
@@ -88,11 +97,20 @@ class Reifier:
             self.memo[id(v)] = name = f"t{len(self.memo)}"
             self.lines.append(f"{name} = [{', '.join(self.expr(x) for x in v)}]")
             return name
-        if type(v) is dict:
+        if type(v) in (dict, collections.OrderedDict):
             self.memo[id(v)] = name = f"t{len(self.memo)}"
-            body = ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items())
-            self.lines.append(f"{name} = {{{body}}}")
+            body = "{" + ", ".join(f"{self.expr(k)}: {self.expr(x)}" for k, x in v.items()) + "}"
+            kind = "" if type(v) is dict else self.ns.const(collections.OrderedDict, "T")
+            self.lines.append(f"{name} = {kind}({body})" if kind else f"{name} = {body}")
             return name
+        if type(v) is set:
+            items = ", ".join(self.expr(x) for x in v)
+            return self._temp(v, f"{{{items}}}" if v else "set()")
+        if isinstance(v, types.BuiltinMethodType) and type(v.__self__) in _REPLACE:
+            return f"{self.expr(v.__self__)}.{v.__name__}"   # a method of the rebuilt container
+        view = self.tracer.view_owner.get(id(v))
+        if view is not None:
+            return f"{self.expr(view[0])}.{view[1]}()"
         if type(v) is slice:
             return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
         if isinstance(v, SymIter):
@@ -107,11 +125,16 @@ class Reifier:
             closure = "(" + "".join(self.expr(c) + ", " for c in v.closure) + ")" if v.closure else "None"
             return self._temp(v, f"_mkfunc({self.ns.const(v.code, 'code')}, "
                                  f"{self.ns.const(v.globals, 'G')}, {v.name!r}, "
-                                 f"{self.expr(v.defaults)}, {self.expr(v.kwdefaults)}, {closure})")
+                                 f"{self.expr(v.defaults)}, {self.expr(v.kwdefaults)}, {closure}, "
+                                 f"{self.expr(v.annotations)})")
         if isinstance(v, SymBoundMethod):
             return f"_MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
         if isinstance(v, TensorMethod):
             return f"getattr({self.expr(v.tensor)}, {v.name!r})"
+        if isinstance(v, GradModeCtx):
+            return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})"
+        if isinstance(v, GradModeFunction):
+            return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})({self.expr(v.func)})"
         if isinstance(v, GradModeExit):
             return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
         if isinstance(v, torch.Tensor):
@@ -139,10 +162,8 @@ def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
                 isinstance(a, tuple) and a[0] == b[0] and a[1] is b[1]) for a, b in zip(now, t.snapshot)):
             continue
         saved = tracer.tracked_by_id.pop(id(t.copy))   # build a fresh value, then copy it in
-        if isinstance(t.copy, dict):
-            out.append(f"_replace_dict({t.source}, {r.expr(dict(t.copy))})")
-        else:
-            out.append(f"_replace_list({t.source}, {r.expr(list(t.copy))})")
+        kind = type(t.copy)
+        out.append(f"{_REPLACE[kind]}({t.source}, {r.expr(kind(t.copy))})")
         tracer.tracked_by_id[id(t.copy)] = saved
     return out
 

@@ -47,7 +47,7 @@ class GuardRecord:
 @dataclass
 class FallbackRecord:
     code_name: str
-    kind: str             # "fx" (torch.fx.symbolic_trace) or "eager"
+    kind: str             # "fx" (torch.fx.symbolic_trace), "eager", or "python" (the rest of a call after a break)
     reason: str
     where: str | None
 

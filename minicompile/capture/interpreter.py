@@ -69,11 +69,6 @@ def _load_fast(frame, inst):
         raise GraphBreak(f"UnboundLocalError: {inst.argval}") from None
 
 
-@op("LOAD_FAST_AND_CLEAR")
-def _load_fast_and_clear(frame, inst):
-    frame.push(frame.locals.pop(inst.argval, NULL))
-
-
 @op("STORE_FAST")
 def _store_fast(frame, inst):
     v = frame.pop()
@@ -83,26 +78,11 @@ def _store_fast(frame, inst):
         frame.locals[inst.argval] = v
 
 
-@op("DELETE_FAST")
-def _delete_fast(frame, inst):
-    del frame.locals[inst.argval]
-
-
-@op("LOAD_CONST")
-def _load_const(frame, inst):
-    frame.push(inst.argval)
-
-
 # ---------------------------------------------------------------------- cells
 @op("MAKE_CELL")
 def _make_cell(frame, inst):
     name = inst.argval
     frame.cells[name] = SymCell(frame.locals.pop(name, EMPTY))
-
-
-@op("LOAD_CLOSURE")
-def _load_closure(frame, inst):
-    frame.push(frame.cells[inst.argval])
 
 
 @op("LOAD_DEREF", "LOAD_CLASSDEREF")
@@ -163,42 +143,27 @@ def _store_global(frame, inst):
     frame.tracer.record_global(frame.globals, inst.argval, frame.pop())
 
 
-# ---------------------------------------------------------------------- stack
-@op("POP_TOP")
-def _pop_top(frame, inst):
-    frame.pop()
-
-
-@op("PUSH_NULL")
-def _push_null(frame, inst):
-    frame.push(NULL)
-
-
-@op("COPY")
-def _copy(frame, inst):
-    frame.push(frame.stack[-inst.arg])
-
-
+# ---------------------------------------------------------------------- moves, returns
 @op("SWAP")
 def _swap(frame, inst):
     s, n = frame.stack, inst.arg
     s[-1], s[-n] = s[-n], s[-1]
 
 
-@op("END_FOR")
-def _end_for(frame, inst):
-    frame.popn(2)
-
-
-# ---------------------------------------------------------------------- returns
-@op("RETURN_VALUE")
-def _return_value(frame, inst):
-    _return(frame, frame.pop())
-
-
-@op("RETURN_CONST")
-def _return_const(frame, inst):
-    _return(frame, inst.argval)
+HANDLERS.update({
+    "LOAD_FAST_AND_CLEAR": lambda frame, inst: frame.push(frame.locals.pop(inst.argval, NULL)),
+    "DELETE_FAST": lambda frame, inst: frame.locals.__delitem__(inst.argval),
+    "LOAD_CONST": lambda frame, inst: frame.push(inst.argval),
+    "LOAD_CLOSURE": lambda frame, inst: frame.push(frame.cells[inst.argval]),
+    "POP_TOP": lambda frame, inst: frame.pop(),
+    "PUSH_NULL": lambda frame, inst: frame.push(NULL),
+    "COPY": lambda frame, inst: frame.push(frame.stack[-inst.arg]),
+    "END_FOR": lambda frame, inst: frame.popn(2),
+    "RETURN_VALUE": lambda frame, inst: _return(frame, frame.pop()),
+    "RETURN_CONST": lambda frame, inst: _return(frame, inst.argval),
+    "KW_NAMES": lambda frame, inst: setattr(frame, "kw_names", frame.code.co_consts[inst.arg]),
+    "LOAD_ASSERTION_ERROR": lambda frame, inst: frame.push(AssertionError),
+})
 
 
 def _return(frame, value):
@@ -281,21 +246,12 @@ def _make_function(frame, inst):
     code = frame.pop()
     flags = inst.arg
     closure = frame.pop() if flags & 0x08 else ()
-    if flags & 0x04:
-        frame.pop()  # annotations do not affect execution
+    annotations = frame.pop() if flags & 0x04 else None
+    if type(annotations) is tuple:   # (name, value, name, value, ...) since Python 3.10
+        annotations = dict(zip(annotations[::2], annotations[1::2]))
     kwdefaults = frame.pop() if flags & 0x02 else None
     defaults = frame.pop() if flags & 0x01 else None
-    frame.push(SymFunction(code, frame.globals, code.co_name, defaults, kwdefaults, tuple(closure)))
-
-
-@op("KW_NAMES")
-def _kw_names(frame, inst):
-    frame.kw_names = frame.code.co_consts[inst.arg]
-
-
-@op("LOAD_ASSERTION_ERROR")
-def _load_assertion_error(frame, inst):
-    frame.push(AssertionError)
+    frame.push(SymFunction(code, frame.globals, code.co_name, defaults, kwdefaults, tuple(closure), annotations))
 
 
 @op("RAISE_VARARGS")

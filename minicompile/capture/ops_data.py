@@ -11,120 +11,63 @@ import operator
 from minicompile.capture import semantics
 from minicompile.capture.calls import call
 from minicompile.capture.frame import PY311
-from minicompile.capture.registry import op
+from minicompile.capture.registry import HANDLERS, op
 from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
 
-_NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
+BINARY = [semantics.BINARY_OPS[sym] for _, sym in dis._nb_ops]   # BINARY_OP's arg -> operator
 
 
-# ---------------------------------------------------------------------- operators
-@op("BINARY_OP")
-def _binary_op(frame, inst):
-    _apply_binary(frame, semantics.BINARY_OPS[_NB_SYMBOLS[inst.arg]])
-
-
-@op("COMPARE_OP")
-def _compare_op(frame, inst):
-    _apply_binary(frame, semantics.COMPARE_OPS[inst.argval])
-
-
-def _apply_binary(frame, fn):
-    # operands stay on the stack until the result exists (a graph break sees them there)
-    a, b = frame.stack[-2], frame.stack[-1]
-    result = semantics.binary(frame.tracer, fn, a, b)
-    frame.popn(2)
-    frame.push(result)
-
-
-@op("IS_OP")
-def _is_op(frame, inst):
-    b = frame.pop()
-    a = frame.pop()
-    frame.push((a is b) != bool(inst.arg))
-
-
-@op("CONTAINS_OP")
-def _contains_op(frame, inst):
-    item, container = frame.stack[-2], frame.stack[-1]
-    result = semantics.contains(frame.tracer, item, container)
-    frame.popn(2)
-    frame.push(result != bool(inst.arg))
-
-
-def _unary(fn):
+# ---------------------------------------------------------------------- operators, subscripts
+def _on_top(n: int, fn, push: bool = True):
+    """A handler that replaces the top ``n`` stack values with ``fn(tracer, inst, *values)``.
+    The operands stay on the stack until the result exists (a graph break sees them there)."""
     def handler(frame, inst):
-        result = semantics.unary(frame.tracer, fn, frame.stack[-1])
-        frame.stack[-1] = result
+        result = fn(frame.tracer, inst, *frame.stack[len(frame.stack) - n:])
+        frame.popn(n)
+        if push:
+            frame.push(result)
     return handler
 
 
-for _name, _fn in {"UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
-                   "UNARY_INVERT": operator.invert, "UNARY_NOT": operator.not_}.items():
-    op(_name)(_unary(_fn))
-
-
-@op("CALL_INTRINSIC_1")
-def _call_intrinsic_1(frame, inst):
+def _intrinsic(tracer, inst, v):
     if inst.arg == 5:    # INTRINSIC_UNARY_POSITIVE
-        frame.stack[-1] = semantics.unary(frame.tracer, operator.pos, frame.stack[-1])
-    elif inst.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
-        frame.stack[-1] = tuple(frame.stack[-1])
-    else:
-        raise GraphBreak(f"CALL_INTRINSIC_1 {inst.argrepr}")
+        return semantics.unary(tracer, operator.pos, v)
+    if inst.arg == 6:    # INTRINSIC_LIST_TO_TUPLE
+        return tuple(v)
+    raise GraphBreak(f"CALL_INTRINSIC_1 {inst.argrepr}")
 
 
-# ---------------------------------------------------------------------- subscripts
-@op("BINARY_SUBSCR")
-def _binary_subscr(frame, inst):
-    obj, key = frame.stack[-2], frame.stack[-1]
-    result = semantics.subscr(frame.tracer, obj, key)
-    frame.popn(2)
-    frame.push(result)
-
-
-@op("BINARY_SLICE")
-def _binary_slice(frame, inst):
-    obj, start, stop = frame.stack[-3:]
-    result = semantics.subscr(frame.tracer, obj, slice(start, stop))
-    frame.popn(3)
-    frame.push(result)
-
-
-@op("STORE_SUBSCR")
-def _store_subscr(frame, inst):
-    value, obj, key = frame.stack[-3:]
-    semantics.store_subscr(frame.tracer, obj, key, value)
-    frame.popn(3)
-
-
-@op("STORE_SLICE")
-def _store_slice(frame, inst):
-    value, obj, start, stop = frame.stack[-4:]
-    semantics.store_subscr(frame.tracer, obj, slice(start, stop), value)
-    frame.popn(4)
-
-
-@op("DELETE_SUBSCR")
-def _delete_subscr(frame, inst):
-    obj, key = frame.stack[-2:]
-    semantics.delete_subscr(frame.tracer, obj, key)
-    frame.popn(2)
-
-
-@op("BUILD_SLICE")
-def _build_slice(frame, inst):
-    frame.push(slice(*frame.popn(inst.arg)))
+HANDLERS.update({
+    "BINARY_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, BINARY[inst.arg], a, b)),
+    "COMPARE_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, semantics.COMPARE_OPS[inst.argval], a, b)),
+    "IS_OP": _on_top(2, lambda tr, inst, a, b: (a is b) != bool(inst.arg)),
+    "CONTAINS_OP": _on_top(2, lambda tr, inst, item, c: semantics.contains(tr, item, c) != bool(inst.arg)),
+    "UNARY_NEGATIVE": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.neg, v)),
+    "UNARY_POSITIVE": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.pos, v)),
+    "UNARY_INVERT": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.invert, v)),
+    "UNARY_NOT": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.not_, v)),
+    "CALL_INTRINSIC_1": _on_top(1, _intrinsic),
+    "BINARY_SUBSCR": _on_top(2, lambda tr, inst, obj, key: semantics.subscr(tr, obj, key)),
+    "BINARY_SLICE": _on_top(3, lambda tr, inst, obj, start, stop: semantics.subscr(tr, obj, slice(start, stop))),
+    "STORE_SUBSCR": _on_top(3, lambda tr, inst, value, obj, key: semantics.store_subscr(tr, obj, key, value),
+                            push=False),
+    "STORE_SLICE": _on_top(4, lambda tr, inst, value, obj, start, stop: semantics.store_subscr(
+        tr, obj, slice(start, stop), value), push=False),
+    "DELETE_SUBSCR": _on_top(2, lambda tr, inst, obj, key: semantics.delete_subscr(tr, obj, key), push=False),
+    "STORE_ATTR": _on_top(2, lambda tr, inst, value, obj: semantics.setattr_(tr, obj, inst.argval, value),
+                          push=False),
+})
 
 
 # ---------------------------------------------------------------------- containers
-@op("BUILD_TUPLE")
-def _build_tuple(frame, inst):
-    frame.push(tuple(frame.popn(inst.arg)))
-
-
-@op("BUILD_LIST")
-def _build_list(frame, inst):
-    frame.push(frame.popn(inst.arg))
+HANDLERS.update({
+    "BUILD_SLICE": lambda frame, inst: frame.push(slice(*frame.popn(inst.arg))),
+    "BUILD_TUPLE": lambda frame, inst: frame.push(tuple(frame.popn(inst.arg))),
+    "BUILD_LIST": lambda frame, inst: frame.push(frame.popn(inst.arg)),
+    "BUILD_STRING": lambda frame, inst: frame.push("".join(frame.popn(inst.arg))),
+    "LIST_APPEND": lambda frame, inst: frame.stack[-inst.arg - 1].append(frame.pop()),
+    "LIST_TO_TUPLE": lambda frame, inst: frame.stack.append(tuple(frame.pop())),
+})
 
 
 @op("BUILD_SET")
@@ -147,11 +90,6 @@ def _build_const_key_map(frame, inst):
     frame.push(dict(zip(keys, frame.popn(inst.arg))))
 
 
-@op("BUILD_STRING")
-def _build_string(frame, inst):
-    frame.push("".join(frame.popn(inst.arg)))
-
-
 @op("FORMAT_VALUE")
 def _format_value(frame, inst):
     has_spec = bool(inst.arg & 0x04)
@@ -162,12 +100,6 @@ def _format_value(frame, inst):
     frame.pop()
     conv = {0: lambda v: v, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
     frame.push(format(conv(value), spec))
-
-
-@op("LIST_APPEND")
-def _list_append(frame, inst):
-    v = frame.pop()
-    frame.stack[-inst.arg].append(v)
 
 
 @op("SET_ADD")
@@ -210,11 +142,6 @@ def _dict_update(frame, inst):
     frame.stack[-inst.arg].update(other)
 
 
-@op("LIST_TO_TUPLE")
-def _list_to_tuple(frame, inst):
-    frame.stack[-1] = tuple(frame.stack[-1])
-
-
 @op("UNPACK_SEQUENCE")
 def _unpack_sequence(frame, inst):
     items = semantics.iterate(frame.tracer, frame.stack[-1])
@@ -254,13 +181,6 @@ def _load_method(frame, inst):
     frame.pop()
     frame.push(NULL)
     frame.push(value)
-
-
-@op("STORE_ATTR")
-def _store_attr(frame, inst):
-    obj, value = frame.stack[-1], frame.stack[-2]
-    semantics.setattr_(frame.tracer, obj, inst.argval, value)
-    frame.popn(2)
 
 
 # ---------------------------------------------------------------------- calls

@@ -99,115 +99,53 @@ def _jump(action, stack):
     return action.inst.argval
 
 
-# ---------------------------------------------------------------------- operators
-@native("BINARY_OP")
-def _binary(action, stack):
-    b = stack.pop()
-    a = stack.pop()
-    stack.append(BINARY_OPS[_NB_SYMBOLS[action.inst.arg]](a, b))
-    return action.next_offset
-
-
-@native("COMPARE_OP")
-def _compare(action, stack):
-    b = stack.pop()
-    a = stack.pop()
-    stack.append(COMPARE_OPS[action.inst.argval](a, b))
-    return action.next_offset
-
-
-@native("CONTAINS_OP")
-def _contains(action, stack):
-    b = stack.pop()
-    a = stack.pop()
-    stack.append((a in b) != bool(action.inst.arg))
-    return action.next_offset
-
-
-def _unary(fn):
+# ---------------------------------------------------------------------- operators, subscripts
+def _pure(n: int, fn):
+    """A step that replaces the top ``n`` stack values with ``fn(inst, *values)``."""
     def step(action, stack):
-        stack.append(fn(stack.pop()))
+        args = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        stack.append(fn(action.inst, *args))
         return action.next_offset
     return step
 
 
-for _name, _fn in {"UNARY_NEGATIVE": operator.neg, "UNARY_POSITIVE": operator.pos,
-                   "UNARY_INVERT": operator.invert, "UNARY_NOT": operator.not_}.items():
-    NATIVE_STEPS[_name] = _unary(_fn)
+def _effect(n: int, fn):
+    """A step that pops the top ``n`` stack values into ``fn(inst, *values)`` (a store)."""
+    def step(action, stack):
+        args = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        fn(action.inst, *args)
+        return action.next_offset
+    return step
 
 
-@native("CALL_INTRINSIC_1")
-def _intrinsic(action, stack):
-    v = stack.pop()
-    stack.append(+v if action.inst.arg == 5 else tuple(v))
-    return action.next_offset
-
-
-# ---------------------------------------------------------------------- subscripts
-@native("BINARY_SUBSCR")
-def _subscr(action, stack):
-    key = stack.pop()
-    obj = stack.pop()
-    stack.append(obj[key])
-    return action.next_offset
-
-
-@native("BINARY_SLICE")
-def _slice(action, stack):
-    stop = stack.pop()
-    start = stack.pop()
-    obj = stack.pop()
-    stack.append(obj[start:stop])
-    return action.next_offset
-
-
-@native("STORE_SUBSCR")
-def _store_subscr(action, stack):
-    key = stack.pop()
-    obj = stack.pop()
-    value = stack.pop()
-    obj[key] = value
-    return action.next_offset
-
-
-@native("STORE_SLICE")
-def _store_slice(action, stack):
-    stop = stack.pop()
-    start = stack.pop()
-    obj = stack.pop()
-    obj[start:stop] = stack.pop()
-    return action.next_offset
-
-
-@native("DELETE_SUBSCR")
-def _delete_subscr(action, stack):
-    key = stack.pop()
-    del stack.pop()[key]
-    return action.next_offset
+NATIVE_STEPS.update({
+    "BINARY_OP": _pure(2, lambda inst, a, b: BINARY_OPS[_NB_SYMBOLS[inst.arg]](a, b)),
+    "COMPARE_OP": _pure(2, lambda inst, a, b: COMPARE_OPS[inst.argval](a, b)),
+    "CONTAINS_OP": _pure(2, lambda inst, a, b: (a in b) != bool(inst.arg)),
+    "UNARY_NEGATIVE": _pure(1, lambda inst, v: -v),
+    "UNARY_POSITIVE": _pure(1, lambda inst, v: +v),
+    "UNARY_INVERT": _pure(1, lambda inst, v: ~v),
+    "UNARY_NOT": _pure(1, lambda inst, v: not v),
+    "CALL_INTRINSIC_1": _pure(1, lambda inst, v: +v if inst.arg == 5 else tuple(v)),
+    "BINARY_SUBSCR": _pure(2, lambda inst, obj, key: obj[key]),
+    "BINARY_SLICE": _pure(3, lambda inst, obj, start, stop: obj[start:stop]),
+    "STORE_SUBSCR": _effect(3, lambda inst, value, obj, key: operator.setitem(obj, key, value)),
+    "STORE_SLICE": _effect(4, lambda inst, value, obj, start, stop: operator.setitem(obj, slice(start, stop), value)),
+    "DELETE_SUBSCR": _effect(2, lambda inst, obj, key: operator.delitem(obj, key)),
+    "STORE_ATTR": _effect(2, lambda inst, value, obj: setattr(obj, inst.argval, value)),
+    "GET_ITER": _pure(1, lambda inst, v: _iter_items(iter(v))),
+})
 
 
 # ---------------------------------------------------------------------- attributes
-@native("LOAD_ATTR")
+@native("LOAD_ATTR", "LOAD_METHOD")
 def _load_attr(action, stack):
     value = getattr(stack.pop(), action.inst.argval)
-    if not PY311 and action.inst.arg & 1:
+    if action.inst.opname == "LOAD_METHOD" or not PY311 and action.inst.arg & 1:
         stack.append(NULL)
     stack.append(value)
-    return action.next_offset
-
-
-@native("LOAD_METHOD")
-def _load_method(action, stack):
-    value = getattr(stack.pop(), action.inst.argval)
-    stack.append(NULL)
-    stack.append(value)
-    return action.next_offset
-
-
-@native("STORE_ATTR")
-def _store_attr(action, stack):
-    obj = stack.pop()
-    setattr(obj, action.inst.argval, stack.pop())
     return action.next_offset
 
 
@@ -229,12 +167,6 @@ def _load_global(action, stack):
 
 
 # ---------------------------------------------------------------------- iteration & unpacking
-@native("GET_ITER")
-def _get_iter(action, stack):
-    stack.append(_iter_items(iter(stack.pop())))
-    return action.next_offset
-
-
 @native("FOR_ITER")
 def _for_iter(action, stack):
     it = stack[-1]
@@ -269,18 +201,17 @@ def _unpack_ex(action, stack):
     return action.next_offset
 
 
-@native("LIST_EXTEND")
-def _list_extend(action, stack):
-    v = stack.pop()
-    stack[-action.inst.arg].extend(v)
-    return action.next_offset
+def _into(method: str):
+    """LIST_EXTEND and friends: pop a value into the container ``inst.arg`` deep."""
+    def step(action, stack):
+        v = stack.pop()
+        getattr(stack[-action.inst.arg], method)(v)
+        return action.next_offset
+    return step
 
 
-@native("DICT_UPDATE", "DICT_MERGE")
-def _dict_update(action, stack):
-    v = stack.pop()
-    stack[-action.inst.arg].update(v)
-    return action.next_offset
+NATIVE_STEPS.update(LIST_EXTEND=_into("extend"), DICT_UPDATE=_into("update"), DICT_MERGE=_into("update"),
+                    SET_ADD=_into("add"), SET_UPDATE=_into("update"))
 
 
 @native("FORMAT_VALUE")
@@ -299,14 +230,6 @@ def _build_set(action, stack):
     items = stack[len(stack) - n:]
     del stack[len(stack) - n:]
     stack.append(set(items))
-    return action.next_offset
-
-
-@native("SET_ADD", "SET_UPDATE")
-def _set_add(action, stack):
-    v = stack.pop()
-    target = stack[-action.inst.arg]
-    target.add(v) if action.inst.opname == "SET_ADD" else target.update(v)
     return action.next_offset
 
 

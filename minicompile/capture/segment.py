@@ -20,8 +20,8 @@ from minicompile.capture.guards import Guards, check_source
 from minicompile.capture.interpreter import StopAtBreak, run_frame
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (NULL, GraphBreak, SymBoundMethod, SymCell, SymFunction, SymIter,
-                                           TensorMethod, TensorVar)
+from minicompile.capture.variables import (NULL, GradModeFunction, GraphBreak, SymBoundMethod, SymCell,
+                                           SymFunction, SymIter, TensorMethod, TensorVar)
 
 MAX_RESTARTS = 64
 
@@ -137,6 +137,8 @@ def _collect_tensors(values, out: dict, seen: set) -> None:
             todo.extend((v.func, v.self_value))
         elif isinstance(v, TensorMethod):
             todo.append(v.tensor)
+        elif isinstance(v, GradModeFunction):
+            todo.append(v.func)
 
 
 _INPLACE_FUNCTIONS = {operator.setitem, operator.iadd, operator.isub, operator.imul,

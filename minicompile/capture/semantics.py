@@ -3,7 +3,9 @@ and attributes. Opcode handlers and builtin handlers both call into here.
 """
 from __future__ import annotations
 
+import collections
 import inspect
+import numbers
 import operator
 import types
 
@@ -28,8 +30,17 @@ COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": ope
                ">": operator.gt, ">=": operator.ge}
 _COMPARES = set(COMPARE_OPS.values())
 
+
+_OD = collections.OrderedDict()
+DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()),
+              type(_OD.keys()), type(_OD.values()), type(_OD.items()))
+# Containers traced as copies that hold symbolic values (their subclasses are objects).
+DICT_TYPES = (dict, collections.OrderedDict)
+MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
+# ``__getitem__`` implementations that only read storage: safe to run on the real object.
+_STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
 _PLAIN = (int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
-          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type)
+          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS)
 
 # Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
 # kept valid by the tensor guards (dtype, device, shape, strides, requires_grad).
@@ -50,8 +61,13 @@ _TENSOR_META = {
 _TENSOR_VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
 
 
+def is_record(v) -> bool:
+    """A namedtuple or a structseq (``torch.return_types.max``): a tuple with named fields."""
+    return isinstance(v, tuple) and (hasattr(type(v), "_fields") or hasattr(type(v), "n_fields"))
+
+
 def is_plain(v) -> bool:
-    return isinstance(v, _PLAIN) or (isinstance(v, tuple))
+    return isinstance(v, (*_PLAIN, numbers.Number))   # numbers include NumPy scalars
 
 
 def binary(tracer: Tracer, fn, a, b):
@@ -107,7 +123,13 @@ def contains(tracer: Tracer, item, container) -> bool:
         raise GraphBreak("`x in tensor` needs the tensor's values (data-dependent)")
     if isinstance(container, nn.ModuleDict):
         return item in container._modules
-    if isinstance(container, (tuple, list, set, frozenset, str, bytes, range)):
+    if isinstance(container, (str, bytes)):
+        if not isinstance(item, (str, bytes)):
+            raise GraphBreak(f"`in` on a string with a {type(item).__name__}")
+        return item in container   # a substring test, not a test over characters
+    if isinstance(container, DICT_VIEWS) and not contains_symbolic(item):
+        return item in container
+    if isinstance(container, (tuple, list, set, frozenset, range, *DICT_VIEWS)):
         return any(item is x or (not isinstance(x, TensorVar) and not isinstance(item, TensorVar)
                                  and x == item) for x in container)
     if isinstance(container, dict):
@@ -122,7 +144,7 @@ def iterate(tracer: Tracer, v) -> list:
         return list(v)
     if isinstance(v, dict):
         return list(v.keys())
-    if isinstance(v, (range, str, bytes, type({}.keys()), type({}.values()), type({}.items()))):
+    if isinstance(v, (range, str, bytes, set, frozenset, *DICT_VIEWS)):
         return list(v)
     if isinstance(v, SymIter):
         items = v.remaining()
@@ -147,12 +169,14 @@ def subscr(tracer: Tracer, obj, key):
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
         raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
-    if isinstance(obj, (tuple, list, str, bytes, range)):
+    if type(obj) in (tuple, list, str, bytes, range, torch.Size) or is_record(obj):
         return obj[key]
-    if isinstance(obj, dict):
+    if type(obj) in DICT_TYPES:
         if key not in obj:
             raise GraphBreak(f"KeyError: {key!r}")
         return obj[key]
+    if isinstance(obj, (tuple, list, dict)):
+        return _subclass_item(tracer, obj, key)
     if isinstance(obj, (nn.ModuleList, nn.Sequential)):
         names = list(obj._modules)
         if isinstance(key, int):
@@ -170,20 +194,32 @@ def subscr(tracer: Tracer, obj, key):
     raise GraphBreak(f"subscript of a {type(obj).__name__}")
 
 
+def _subclass_item(tracer: Tracer, obj, key):
+    """``obj[key]`` on a real tuple/list/dict subclass (an HF ModelOutput): a Python
+    ``__getitem__`` is inlined; the builtin one reads the item as an input, with a source."""
+    getitem = getattr(type(obj), "__getitem__")
+    if isinstance(getitem, types.FunctionType):
+        return tracer.call(getitem, [obj, key], {})
+    src = tracer.source_of(obj)
+    if getitem not in _STORAGE_GETITEM or src is None or type(key) not in (int, str):
+        raise GraphBreak(f"subscript of a {type(obj).__name__}")
+    return tracer.wrap(obj[key], f"{src}[{key!r}]")   # a KeyError is a break, raised in Python
+
+
 def store_subscr(tracer: Tracer, obj, key, value) -> None:
     if isinstance(obj, TensorVar):
         tracer.call_graph("call_function", operator.setitem, (obj, key, value), mutates=True)
         return
     if isinstance(key, TensorVar):
         raise GraphBreak("storing into a container with a tensor key")
-    if type(obj) in (list, dict):
+    if type(obj) in MUTABLE_CONTAINERS:
         obj[key] = value  # traced on a copy; tracked input containers are replayed afterwards
         return
     raise GraphBreak(f"item assignment on a {type(obj).__name__}")
 
 
 def delete_subscr(tracer: Tracer, obj, key) -> None:
-    if type(obj) in (list, dict) and not isinstance(key, TensorVar):
+    if type(obj) in MUTABLE_CONTAINERS and not isinstance(key, TensorVar):
         del obj[key]
         return
     raise GraphBreak(f"del on a {type(obj).__name__} item")
@@ -257,14 +293,16 @@ def getattr_(tracer: Tracer, obj, name: str):
         if isinstance(value, torch.Tensor):
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
-    if isinstance(obj, (list, dict, tuple, str, bytes, set, frozenset, range, slice, torch.Size,
-                        torch.dtype, torch.device, int, float, complex, bool, type(None))):
-        return getattr(obj, name)
+    if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
+            name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
+        return getattr(obj, name)   # (a subclass's attributes are read as an object's)
     if isinstance(obj, SymFunction):
         if name in ("__name__", "__qualname__"):
             return obj.name
         if name == "__code__":
             return obj.code
+        if name == "__annotations__":
+            return obj.annotations if obj.annotations is not None else {}
         raise GraphBreak(f"attribute {name} of a function made while tracing")
     if isinstance(obj, SymBoundMethod):
         if name == "__self__":
@@ -282,11 +320,16 @@ def getattr_(tracer: Tracer, obj, name: str):
         raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
     src = _obj_source(tracer, obj)
     d = getattr(obj, "__dict__", None)
+    traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
+    if traced is not None and name in traced.copy:   # ``obj.__dict__`` was read and written
+        return traced.copy[name]
     if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
         return tracer.wrap(d[name], f"{src}.{name}")
-    if isinstance(obj, tuple):  # namedtuple / structseq fields
-        return getattr(obj, name)
     return class_attr(tracer, obj, name, src)
+
+
+_PLAIN_ATTR_TYPES = {list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
+                     torch.dtype, torch.device, int, float, complex, bool, type(None)}
 
 
 def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
@@ -299,7 +342,10 @@ def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
         return tracer.call_graph("call_method", "detach", (t,))
     if name in ("grad", "grad_fn", "is_leaf", "_base", "names", "untyped_storage"):
         raise GraphBreak(f"tensor.{name} depends on autograd/runtime state the graph cannot see")
-    if callable(getattr(torch.Tensor, name, None)):
+    if name == "__class__":
+        return t.cls
+    attr = getattr(torch.Tensor, name, None)
+    if callable(attr) and not isinstance(attr, type):
         return TensorMethod(t, name)
     raise GraphBreak(f"tensor attribute {name!r}")
 

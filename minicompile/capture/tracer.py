@@ -8,6 +8,8 @@ are caught before they are recorded.
 """
 from __future__ import annotations
 
+import collections
+import gc
 import operator
 import types
 from dataclasses import dataclass, field
@@ -26,6 +28,20 @@ _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, 
 # Python modules whose attributes we treat as fixed (library code, not user state).
 _STABLE_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools",
                            "collections", "typing", "numbers", "numpy")
+
+
+_DICT_VIEWS = {type(getattr(d, kind)()): kind for d in ({}, collections.OrderedDict())
+               for kind in ("keys", "values", "items")}
+
+
+def _identity_key(k) -> bool:
+    """A dict key hashed and compared by identity (a module, a function, a plain object)."""
+    return type(k).__eq__ is object.__eq__ and type(k).__hash__ is object.__hash__
+
+
+def view_owner(view) -> dict:
+    """The dict a ``dict_keys``/``dict_values``/``dict_items`` view reads (its one referent)."""
+    return gc.get_referents(view)[0]
 
 
 @dataclass
@@ -81,6 +97,7 @@ class Tracer:
         self.obj_source: dict[int, str] = {}
         self.tracked: list[TrackedContainer] = []
         self.tracked_by_id: dict[int, TrackedContainer] = {}
+        self.copy_of: dict[int, TrackedContainer] = {}   # id(original container) -> its copy
         self.side_effects: list[SideEffect] = []
         self.attr_overlay: dict[tuple[int, str], object] = {}
         self.forced_breaks = forced_breaks
@@ -90,6 +107,7 @@ class Tracer:
         self.source_names: dict[str, str] = {}   # "L[0]" -> "x", for readable placeholders
         self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
         self._keep: list = []         # real objects whose ids we index must stay alive
+        self.view_owner: dict[int, tuple] = {}   # id(dict view) -> (its dict, "keys"|...)
 
     def call(self, fn, args: list, kwargs: dict):
         """Trace a call of ``fn``: inline a Python function, or record a known callable."""
@@ -114,6 +132,11 @@ class Tracer:
         """The symbolic form of ``value`` read from ``source``, with guards installed."""
         if source in self.by_source:
             return self.by_source[source]
+        tracked = self.copy_of.get(id(value))
+        if tracked is not None:   # one container reached from two sources: one traced copy
+            self.guards.alias(source, tracked.source)
+            self.by_source[source] = tracked.copy
+            return tracked.copy
         result = self._wrap(value, source)
         self.by_source[source] = result
         return result
@@ -144,15 +167,30 @@ class Tracer:
             copy = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
             self._track(source, copy, value)
             return copy
-        if type(value) is dict:
-            g.type_is(source, dict)
+        if type(value) in (dict, collections.OrderedDict):
+            g.type_is(source, type(value))
             keys = list(value.keys())
-            if not all(type(k) in (str, int, bool) for k in keys):
-                raise GraphBreak(f"dict with non-constant keys at {source}")
-            g.add(f"list({source}) == {keys!r}")
-            copy = {k: self.wrap(value[k], f"{source}[{k!r}]") for k in keys}
+            if not all(type(k) in _CONST_TYPES or _identity_key(k) for k in keys):
+                raise GraphBreak(f"dict with keys compared by value (not constants) at {source}")
+            g.add(f"list({source}) == {self.ns.const(keys, 'keys')}")   # identity keys: `is` first
+            copy = type(value)((k, self.wrap(value[k], f"{source}[{self.ns.literal(k)}]")) for k in keys)
             self._track(source, copy, value)
             return copy
+        if type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value):
+            g.type_is(source, type(value))
+            g.add(f"{source} == {self.ns.const(frozenset(value))}")
+            if type(value) is set:
+                self._track(source, copy := set(value), value)
+                return copy
+            return value
+        if type(value) in _DICT_VIEWS:
+            return self._wrap_view(value, source)
+        if isinstance(value, types.BuiltinMethodType) and not isinstance(
+                value.__self__, (types.ModuleType, torch.Tensor, type(None))) and getattr(
+                value.__self__, value.__name__, None) is not value:
+            # a bound method made per read (``d.update``): guard its object and name, not its identity
+            g.add(f"{source}.__name__ == {value.__name__!r}")
+            return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)
             g.add(f"{source}.pos == 0")
@@ -189,12 +227,27 @@ class Tracer:
             g.type_is(source, type(value))
             g.add(f"{source} == {self.ns.const(value)}")
             return value
-        if isinstance(value, (set, SymCell, SymIter)):
+        if isinstance(value, (set, frozenset, SymCell, SymIter)):
             raise GraphBreak(f"cannot trace a {type(value).__name__} read from {source}")
         # Any other object: same type; its attributes are guarded when read.
         g.type_is(source, type(value))
         self._remember(value, source)
         return value
+
+    def _wrap_view(self, view, source: str):
+        """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
+        self.ns.values["_view_owner"] = view_owner
+        owner = self.wrap(view_owner(view), f"_view_owner({source})")
+        if type(owner) not in (dict, collections.OrderedDict):
+            raise GraphBreak(f"a view of a {type(owner).__name__} read from {source}")
+        kind = _DICT_VIEWS[type(view)]
+        self.register_view(result := getattr(owner, kind)(), owner, kind)
+        return result
+
+    def register_view(self, view, owner: dict, kind: str) -> None:
+        """``view`` is ``owner.<kind>()``: generated code rebuilds it from its dict."""
+        self.view_owner[id(view)] = (owner, kind)
+        self._keep.append(view)
 
     def _wrap_tensor(self, value: torch.Tensor, source: str) -> TensorVar:
         same = self.tensor_by_id.get(id(value))
@@ -229,6 +282,8 @@ class Tracer:
         t = TrackedContainer(source, copy, snap)
         self.tracked.append(t)
         self.tracked_by_id[id(copy)] = t
+        self.copy_of[id(original)] = t
+        self._keep.append(original)
 
     # ------------------------------------------------------------------ side effects
     def record_setattr(self, obj, name: str, value) -> None:
@@ -269,7 +324,7 @@ class Tracer:
         accepted (as constants) when ``allow_constant_result`` says they depend on
         metadata alone; anything else is data-dependent and cannot be traced.
         """
-        kwargs = kwargs or {}
+        args, kwargs = _map(args, graph_constant), _map(kwargs or {}, graph_constant)
         fake_args = _map(args, _to_fake)
         fake_kwargs = _map(kwargs, _to_fake)
         try:
@@ -339,6 +394,24 @@ def _readable(source: str, names: dict) -> str:
 def _short(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:160] if text else ""
+
+
+# Constants FX writes into graph code as literals (or names it defines itself).
+_GRAPH_CONSTANTS = {int, float, bool, complex, str, type(None), type(...), torch.dtype, torch.device,
+                    torch.layout, torch.memory_format}
+_GRAPH_TYPES = {int, float, bool, complex}
+
+
+def graph_constant(v):
+    """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
+    the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
+    graph break rather than a NameError or SyntaxError when the graph runs."""
+    if isinstance(v, (TensorVar, torch.Tensor)) or type(v) in _GRAPH_CONSTANTS or (
+            type(v) is type and v in _GRAPH_TYPES):
+        return v
+    if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
+        return v.item()
+    raise GraphBreak(f"a {type(v).__name__} cannot be a constant in the graph")
 
 
 def _to_fake(v):

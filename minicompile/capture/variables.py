@@ -109,6 +109,7 @@ class SymFunction:
     defaults: tuple | None = None
     kwdefaults: dict | None = None
     closure: tuple = ()          # SymCell or real cell objects
+    annotations: dict | None = None
 
 
 @dataclass(eq=False)
@@ -142,6 +143,19 @@ class ResumeIter:
 class GradModeCtx:
     """``torch.no_grad()`` / ``torch.enable_grad()`` before its ``with`` enters it."""
     enabled: bool
+
+
+@dataclass(eq=False)
+class GradModeFunction:
+    """A function decorated with ``@torch.no_grad()`` / ``@torch.enable_grad()`` while tracing:
+    calling it switches grad mode around the inlined body."""
+    func: object
+    enabled: bool
+
+
+def real_grad_ctx(enabled: bool):
+    """The real context manager a GradModeCtx stands for, for code that runs natively."""
+    return torch.enable_grad() if enabled else torch.no_grad()
 
 
 @dataclass(eq=False)

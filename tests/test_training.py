@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minicompile.aot.joint import trace_joint
+from minicompile.aot.partition import MAX_RECOMPUTE_DEPTH, partition
 from minicompile.decomp import CORE_OPS, EXTERN_COMPUTE_OPS
 
 TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
@@ -82,5 +83,43 @@ def test_joint_graph_holds_only_core_ops(name, fresh_dynamo):
     joint = _joint_of(make_model(), make_data()[0])
     ops = {n.target for n in joint.graph.graph.nodes if n.op == "call_function"}
     assert not ops - CORE_OPS - EXTERN_COMPUTE_OPS, ops - CORE_OPS - EXTERN_COMPUTE_OPS
+
+
+def test_min_cut_saves_less_than_save_all_and_recomputes_only_cheap_ops(fresh_dynamo):
+    torch.manual_seed(0)
+    joint = _joint_of(LayerNormSoftmax(), torch.randn(64, 12))
+    full, cut = partition(joint, "save_all").report, partition(joint, "min_cut").report
+    assert full.saved_bytes == full.save_all_bytes and not full.recomputed
+    assert cut.saved_bytes < full.saved_bytes and cut.recomputed
+    recomputed_ops = {r.split(" = ")[1] for r in cut.recomputed}
+    never = {"aten.mm.default", "aten.var_mean.correction", "aten.sum.dim_IntList", "aten.amax.default",
+             "<built-in function getitem>"}
+    assert not recomputed_ops & never, recomputed_ops & never
+    assert "saving" in str(cut) and "recomputed" in str(cut)
+
+
+def test_unknown_partitioner_is_a_clear_error(fresh_dynamo):
+    joint = _joint_of(MLP(), torch.randn(4, 12))
+    with pytest.raises(ValueError, match="unknown partitioner"):
+        partition(joint, "greedy")
+
+
+def test_recompute_chains_are_bounded(fresh_dynamo):
+    def long_chain(x, w):
+        h = x @ w
+        for _ in range(3 * MAX_RECOMPUTE_DEPTH):
+            h = torch.sin(h) * 1.5
+        return h @ w
+
+    w = torch.randn(8, 8, requires_grad=True)
+    joint = _joint_of(lambda x: long_chain(x, w), torch.randn(4, 8))
+    report = partition(joint, "min_cut").report
+    recomputed = {r.split(" = ")[0] for r in report.recomputed}
+    assert recomputed, "the cheap sin/mul chain should be partly recomputed"
+    depth = {}
+    for node in joint.graph.graph.nodes:
+        if node.name in recomputed:
+            depth[node.name] = 1 + max((depth.get(a.name, 0) for a in node.all_input_nodes), default=0)
+    assert max(depth.values()) <= MAX_RECOMPUTE_DEPTH
 
 

@@ -4,10 +4,15 @@
     joint.graph: (*primals, *tangents) -> (*outputs, *grads)
 
 make_fx runs "the forward, then ``torch.autograd.grad`` of its differentiable outputs with
-tangent inputs" on fake tensors, functionalized, with our decomposition table, so autograd's
-backward formulas (``threshold_backward``, ``native_layer_norm_backward``, ...) decompose
+tangent inputs" on fake tensors with our decomposition table, so autograd's backward formulas (``threshold_backward``, ``native_layer_norm_backward``, ...) decompose
 into core ops (decomp/backward.py) and fuse like forward ones. ``grads[k]`` is the gradient
 of primal ``grad_inputs[k]`` (None where no output depends on it).
+
+The result is functional, as the inference trace is, but not through torch.func.functionalize:
+its wrappers hide ``requires_grad`` from autograd inside the transform. Input mutations are
+refused instead (below), in-place ops composite kernels leave on intermediates are rewritten
+by the inference pass that handles them (``trace.leftover_inplace``), and a joint graph that
+still holds a mutating op is refused.
 
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
@@ -132,8 +137,8 @@ def _check_joint(graph: torch.fx.GraphModule) -> None:
             continue
         if torch.Tag.nondeterministic_seeded in node.target.tags:
             raise TrainingUnsupported(f"random op {node.target} (backward must reuse the forward's values)")
-        if node.target is aten.copy_.default and node.args[0].op == "placeholder":
-            raise TrainingUnsupported("the graph mutates an input (e.g. BatchNorm's running statistics)")
+        if node.target._schema.is_mutable:
+            raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
 
 
 def _drop_detach(graph: torch.fx.GraphModule) -> None:

@@ -308,3 +308,16 @@ def test_a_backward_that_fails_to_compile_runs_its_aten_graph_eagerly(caplog, fr
     ref.backward()
     assert_matches_eager(ins[1].grad, ref_ins[1].grad, **TOL)
     assert graph.backward is graph.partition.backward and "simulated compiler bug" in caplog.text
+
+
+def test_training_on_each_code_generator(backend, fresh_dynamo):
+    """The forward and backward graphs go through whichever generator the device picks."""
+    torch.manual_seed(0)
+    model, (x, y) = LayerNormSoftmax(), MODELS["layernorm_softmax"][1]()
+    reference = copy.deepcopy(model)
+    rec = Recorder()
+    compiled = train(model, torch.compile(model, backend=rec), x, y, steps=2)
+    for got, want in zip(compiled, train(reference, reference, x, y, steps=2)):
+        assert_matches_eager(got, want, **TOL)
+    graph = rec.training[0]
+    assert graph.forward.backend == graph.backward.backend == backend

@@ -321,3 +321,23 @@ def test_training_on_each_code_generator(backend, fresh_dynamo):
         assert_matches_eager(got, want, **TOL)
     graph = rec.training[0]
     assert graph.forward.backend == graph.backward.backend == backend
+
+
+def test_backward_inside_a_compiled_train_step(fresh_dynamo):
+    """loss.backward() called in the compiled function itself: the compiled backward is built
+    while Dynamo evaluates that frame, and must not be traced by Dynamo."""
+    torch.manual_seed(0)
+    model, (x, y) = MLP(), MODELS["mlp"][1]()
+    reference = copy.deepcopy(model)
+
+    def step(m):
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        return loss
+
+    rec = Recorder()
+    loss = torch.compile(step, backend=rec)(model)
+    expected = step(reference)
+    assert_matches_eager((loss.detach(), [p.grad for p in model.parameters()]),
+                         (expected.detach(), [p.grad for p in reference.parameters()]), **TOL)
+    assert rec.training and all(g.backward is not None for g in rec.training)

@@ -56,6 +56,9 @@ class TrainingGraph:
         n = self.joint.num_outputs
         return tuple(flat[:n]), tuple(flat[n:])
 
+    # loss.backward() may run inside a frame Dynamo is evaluating (a compiled train step): without
+    # this, Dynamo would trace the compiler itself when the backward compiles.
+    @torch.compiler.disable
     def run_backward(self, saved: list, tangents: list) -> tuple:
         self.backward_calls += 1
         inputs = list(saved) + list(tangents)

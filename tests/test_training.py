@@ -341,3 +341,21 @@ def test_backward_inside_a_compiled_train_step(fresh_dynamo):
     assert_matches_eager((loss.detach(), [p.grad for p in model.parameters()]),
                          (expected.detach(), [p.grad for p in reference.parameters()]), **TOL)
     assert rec.training and all(g.backward is not None for g in rec.training)
+
+
+def test_an_unused_input_gets_no_grad_and_strided_grad_outputs_work(fresh_dynamo):
+    fn = lambda x, w, unused: ((x @ w).t() * 2, (x @ w).argmax(-1))  # noqa: E731
+    rec, out, ins, ref, ref_ins = _compiled_and_eager(
+        fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True), torch.randn(3, requires_grad=True))
+    grad = torch.randn(4, 3).t()                 # a non-contiguous gradient for the transposed output
+    out[0].backward(grad)
+    ref[0].backward(grad)
+    assert ins[2].grad is None and ref_ins[2].grad is None
+    assert_matches_eager((out, ins[1].grad), (ref, ref_ins[1].grad), **TOL)
+    assert len(rec.training) == 1
+
+
+def test_debug_level_2_prints_the_partition_report(capsys, fresh_dynamo):
+    with patch(debug=2):
+        torch.compile(MLP(), backend=Recorder())(torch.randn(4, 12))
+    assert "partition (min_cut):" in capsys.readouterr().out

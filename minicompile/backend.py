@@ -11,6 +11,9 @@ import logging
 
 import torch
 
+from minicompile.aot.joint import TrainingUnsupported, trace_joint
+from minicompile.aot.partition import partition
+from minicompile.aot.runtime import TrainingGraph
 from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
 from minicompile.ir.expr import NotSymbolic
 from minicompile.pipeline import CompiledGraph, compile_graph
@@ -115,15 +118,48 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, opt
     name knobs; both apply to this graph only. Unknown ones raise, listing the valid ones."""
     knobs = graph_knobs(mode, options)
     if needs_autograd(example_inputs):
-        # Training graphs (joint forward/backward) are not compiled yet: run the captured graph
-        # eagerly so outputs and gradients are exactly eager's.
-        log.warning("minicompile: graph needs gradients; running it eagerly (training is not compiled yet)")
-        return gm.forward
+        return with_call_time_knobs(compile_training(gm, example_inputs, knobs), knobs)
     if has_symbolic_shapes(gm, example_inputs):
         return with_call_time_knobs(compile_symbolic(gm, example_inputs, knobs), knobs)
     with patch(**knobs):
         compiled = compile_or_fallback(gm, list(example_inputs))
     return with_call_time_knobs(compiled, knobs)
+
+
+def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
+    """A graph whose inputs require grad: joint trace, partition, compiled forward and backward
+    (aot/); a graph the training runtime cannot reproduce exactly runs eagerly, and the log says why."""
+    if has_symbolic_shapes(gm, example_inputs):
+        return _eager_training(gm, "dynamic shapes are not compiled for training yet")
+    try:
+        with patch(**knobs):
+            joint = trace_joint(gm, list(example_inputs))
+            part = partition(joint, config.partitioner)
+            graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
+    except TrainingUnsupported as e:
+        return _eager_training(gm, str(e))
+    except CompilerNotFound:
+        raise
+    except Exception as e:
+        if not config.fallback_on_error:
+            raise
+        return _eager_training(gm, f"compiling it failed ({type(e).__name__}: {e})")
+    if config.debug >= 2:
+        print(f"[minicompile] {graph.report}")
+    return graph
+
+
+def _training_compiler(knobs: dict):
+    """Compiles the forward now and the backward on the first backward, under this graph's knobs."""
+    def compile_part(part_gm, example_inputs):
+        with patch(**knobs):
+            return compile_graph(part_gm, example_inputs)
+    return compile_part
+
+
+def _eager_training(gm: torch.fx.GraphModule, reason: str):
+    log.warning("minicompile: training graph runs eagerly: %s", reason)
+    return gm.forward
 
 
 def with_call_time_knobs(fn, knobs: dict):

@@ -74,6 +74,10 @@ class Config:
     # CUDA graphs: a graph on CUDA tensors is recorded once per input shape and replayed
     # (runtime/cudagraphs.py). No effect on CPU tensors.
     cudagraphs: bool = _env("MINICOMPILE_CUDAGRAPHS", False, bool)
+    # Training graphs: how the joint forward/backward graph is split (aot/partition.py). "min_cut"
+    # saves the cheapest set of values for backward, recomputing cheap elementwise chains;
+    # "save_all" saves every forward value backward reads.
+    partitioner: str = _env("MINICOMPILE_PARTITIONER", "min_cut")
 
 
 config = Config()

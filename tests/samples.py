@@ -125,6 +125,18 @@ def samples(dtype: torch.dtype) -> list[Sample]:
                (T(3, 4, 8, noncontig=True), T(3, 5, 8), T(3, 5, 8))),
         sample("flash_cpu", aten._scaled_dot_product_flash_attention_for_cpu.default, (T(1, 2, 5, 8), T(1, 2, 5, 8), T(1, 2, 5, 8)),
                dict(is_causal=True)),
+        # backward ops (decomp/backward.py)
+        sample("threshold_backward", aten.threshold_backward.default, (T(3, 4), T(3, 4, noncontig=True), 0.0)),
+        sample("softmax_backward", aten._softmax_backward_data.default, (T(3, 5), T(3, 5).softmax(-1), 1, dtype)),
+        sample("log_softmax_backward", aten._log_softmax_backward_data.default,
+               (T(3, 5), T(3, 5).log_softmax(-1), -1, dtype)),
+        sample("gelu_backward", aten.gelu_backward.default, (T(3, 4), T(3, 4))),
+        sample("gelu_backward_tanh", aten.gelu_backward.default, (T(3, 4), T(3, 4)), dict(approximate="tanh")),
+        sample("tanh_backward", aten.tanh_backward.default, (T(3, 4), T(3, 4).tanh())),
+        sample("sigmoid_backward", aten.sigmoid_backward.default, (T(3, 4), T(3, 4).sigmoid())),
+        sample("silu_backward", aten.silu_backward.default, (T(3, 4), T(3, 4, noncontig=True))),
+        layer_norm_backward("layer_norm_backward", T(2, 3, 8), [8], T(8), T(8), [True, True, True]),
+        layer_norm_backward("layer_norm_backward_2d_input_only", T(3, 4, 5), [4, 5], None, None, [True, False, False]),
     ]
     out += foreach_samples(dtype)
     if not bf:
@@ -138,6 +150,13 @@ def samples(dtype: torch.dtype) -> list[Sample]:
             sample("logsumexp_int", aten.logsumexp.default, (torch.randint(-3, 3, (3, 4)), [0], False)),
         ]
     return out
+
+
+def layer_norm_backward(name: str, x, shape, weight, bias, mask) -> Sample:
+    """native_layer_norm_backward with the mean and rstd eager's forward saves for ``x``."""
+    _, mean, rstd = aten.native_layer_norm.default(x, shape, weight, bias, 1e-5)
+    args = (torch.randn(x.shape).to(x.dtype), x, shape, mean, rstd, weight, bias, mask)
+    return sample(name, aten.native_layer_norm_backward.default, args)
 
 
 def foreach_samples(dtype: torch.dtype) -> list[Sample]:

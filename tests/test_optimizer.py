@@ -102,8 +102,8 @@ def test_step_is_one_fused_kernel_per_parameter(kind, foreach, fresh_dynamo, mon
 
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
 def test_compiled_train_step_matches_eager(kind, fresh_dynamo):
-    # forward + backward + opt.step() in one compiled function: the forward graph needs
-    # gradients (run eagerly until training graphs compile), the optimizer graph compiles
+    # forward + backward + opt.step() in one compiled function: the forward graph is a training
+    # graph (compiled forward and backward, tests/test_training.py), the optimizer graph compiles
     _compare(kind, _train(kind, False, False, whole_step=True), _train(kind, False, True, whole_step=True))
 
 

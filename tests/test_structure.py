@@ -31,8 +31,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # The review's goal was 10,000 lines; the core measured 10,193 when this check was added. Compiled
 # optimizer steps, aliasing, mutating custom ops, modes/options, CUDA graphs, CPU autotuning, profiler
 # events and the printable loop IR then added about 1,150 lines (11,345). The budget sits just
-# above that: lower it as code is removed, never raise it by habit.
-CORE_LINE_BUDGET = 11_750
+# above that: lower it as code is removed, never raise it by habit. Symbolic sizes (~250 lines) and
+# compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
+# ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
+CORE_LINE_BUDGET = 12_600
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

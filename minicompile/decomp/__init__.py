@@ -13,6 +13,7 @@ from minicompile.decomp.registry import DECOMPOSITIONS, register_decomposition
 # Importing a family module registers its decompositions.
 from minicompile.decomp import (  # noqa: F401  (imported for registration)
     activations,
+    backward,
     attention,
     dropout,
     foreach,

@@ -1,0 +1,150 @@
+"""The joint trace: a captured forward graph -> one ATen graph of forward and backward.
+
+    joint = trace_joint(gm, example_inputs)
+    joint.graph: (*primals, *tangents) -> (*outputs, *grads)
+
+make_fx runs "the forward, then ``torch.autograd.grad`` of its differentiable outputs with
+tangent inputs" on fake tensors with our decomposition table, so autograd's backward formulas (``threshold_backward``, ``native_layer_norm_backward``, ...) decompose
+into core ops (decomp/backward.py) and fuse like forward ones. ``grads[k]`` is the gradient
+of primal ``grad_inputs[k]`` (None where no output depends on it).
+
+The result is functional, as the inference trace is, but not through torch.func.functionalize:
+its wrappers hide ``requires_grad`` from autograd inside the transform. Input mutations are
+refused instead (below), in-place ops composite kernels leave on intermediates are rewritten
+by the inference pass that handles them (``trace.leftover_inplace``), and a joint graph that
+still holds a mutating op is refused.
+
+Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
+up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
+gradient is ever wrong: input mutation (BatchNorm's running statistics), random ops
+(dropout), outputs aliasing inputs or each other, autocast, and tensor attributes that
+require grad (their gradient would be lost).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+import torch.fx.traceback
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils import _pytree as pytree
+
+from minicompile.aot import trace
+
+aten = torch.ops.aten
+
+
+class TrainingUnsupported(Exception):
+    """A training graph the compiled runtime cannot reproduce exactly; the message says why."""
+
+
+@dataclass
+class JointGraph:
+    graph: torch.fx.GraphModule    # (*primals, *tangents) -> (*outputs, *grads)
+    num_primals: int
+    num_outputs: int               # flat forward outputs, first in the joint's output tuple
+    grad_inputs: tuple             # positions of the primals whose gradients come after the outputs
+    diff_outputs: tuple            # positions of the outputs that take a tangent (differentiable)
+
+
+# The ATen passes after the joint make_fx (aot/trace.py), as for inference.
+_AFTER_TRACE = (trace.leftover_inplace, trace.dce, trace.input_meta, trace.check_meta)
+
+
+def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
+    """Trace ``gm`` with its backward; raises TrainingUnsupported for graphs that must run eagerly."""
+    _check_graph(gm)
+    gm = trace.custom_ops(gm, None)
+    ctx = trace.PassContext(list(example_inputs))
+    ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
+    primals = [trace._to_fake(ctx.fake_mode, x) for x in ctx.inputs]
+    outputs = _fake_forward(gm, primals, ctx.fake_mode)
+    grad_inputs = tuple(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad)
+    diff_outputs = tuple(i for i, o in enumerate(outputs)
+                         if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point)
+    if not diff_outputs:
+        raise TrainingUnsupported("no output depends on an input that requires grad")
+    with ctx.fake_mode:
+        tangents = [torch.empty(outputs[i].shape, dtype=outputs[i].dtype, device=outputs[i].device)
+                    for i in diff_outputs]
+    ctx.fake_inputs = primals + tangents
+    joint_fn = _joint_function(gm, len(primals), grad_inputs, diff_outputs)
+    with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
+        graph = trace._make_fx(joint_fn, ctx)
+    _drop_detach(graph)
+    for run in _AFTER_TRACE:
+        graph = run(graph, ctx)
+    _check_joint(graph)
+    return JointGraph(graph, len(primals), len(outputs), grad_inputs, diff_outputs)
+
+
+def _joint_function(gm, num_primals: int, grad_inputs: tuple, diff_outputs: tuple):
+    def joint(*args):
+        primals = args[:num_primals]
+        outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+        grads = torch.autograd.grad([outputs[i] for i in diff_outputs], [primals[i] for i in grad_inputs],
+                                    list(args[num_primals:]), allow_unused=True)
+        return (*outputs, *grads)
+    return joint
+
+
+def _fake_forward(gm, primals: list, fake_mode) -> list:
+    """Run the forward on fake tensors: its outputs' metadata, and the refusals it reveals."""
+    versions = [p._version if isinstance(p, torch.Tensor) else None for p in primals]
+    with torch.enable_grad(), fake_mode, trace._real_constants_allowed(fake_mode):
+        outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+    if any(isinstance(p, torch.Tensor) and p._version != v for p, v in zip(primals, versions)):
+        raise TrainingUnsupported("the graph mutates an input (e.g. BatchNorm's running statistics)")
+    _check_aliasing(primals, outputs)
+    return outputs
+
+
+def _check_aliasing(primals: list, outputs: list) -> None:
+    seen = {StorageWeakRef(p.untyped_storage()) for p in primals if isinstance(p, torch.Tensor)}
+    for o in outputs:
+        if not isinstance(o, torch.Tensor):
+            continue
+        ref = StorageWeakRef(o.untyped_storage())
+        if ref in seen:
+            raise TrainingUnsupported("an output aliases an input or another output (a view)")
+        seen.add(ref)
+
+
+# Targets in a captured graph that switch autocast on or off (Dynamo records the context manager).
+_AUTOCAST_NAMES = ("autocast", "_enter_autocast", "_exit_autocast", "set_autocast_enabled")
+
+
+def _check_graph(gm: torch.fx.GraphModule) -> None:
+    if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        raise TrainingUnsupported("autocast is enabled")
+    for node in gm.graph.nodes:
+        name = getattr(node.target, "__name__", str(node.target))
+        if node.op == "call_function" and any(a in name for a in _AUTOCAST_NAMES):
+            raise TrainingUnsupported("the graph enters or leaves autocast")
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise TrainingUnsupported(f"tensor attribute {node.target} requires grad (it is not a graph input)")
+
+
+def _check_joint(graph: torch.fx.GraphModule) -> None:
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.nondeterministic_seeded in node.target.tags:
+            raise TrainingUnsupported(f"random op {node.target} (backward must reuse the forward's values)")
+        if node.target._schema.is_mutable:
+            raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
+
+
+def _drop_detach(graph: torch.fx.GraphModule) -> None:
+    """Autograd's saved-value ``detach`` calls mean nothing in a graph without autograd."""
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target is aten.detach.default:
+            node.replace_all_uses_with(node.args[0])
+            graph.graph.erase_node(node)
+    graph.recompile()

@@ -1,0 +1,218 @@
+"""The partitioner: a joint forward/backward graph -> a forward graph and a backward graph.
+
+    part = partition(joint, mode)            mode: "min_cut" | "save_all" (config.partitioner)
+    part.forward:  (*primals) -> (*outputs, *saved)
+    part.backward: (*saved_primals, *saved, *tangents) -> the grads that are not None
+
+Backward computes every node that depends on a tangent; what it reads from the forward is
+either saved (a forward output) or recomputed from other saved values. ``save_all`` saves
+every forward value backward reads. ``min_cut`` chooses by a minimum s-t cut (networkx),
+where saving a value costs its bytes (an input costs nothing): each node v is an edge v_in -> v_out of that capacity,
+data edges are infinite, the primals and every node that must not be recomputed hang off the
+source, the tangent-dependent nodes off the sink. Only cheap native ops (pointwise, views,
+copies, creation) may be recomputed, in chains of at most MAX_RECOMPUTE_DEPTH ops; matmuls,
+convolutions, reductions, random ops and externs are always computed once, in the forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+import torch.fx
+
+from minicompile.aot.joint import JointGraph
+from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
+
+# The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
+MAX_RECOMPUTE_DEPTH = 16
+RECOMPUTABLE = NATIVE_OPS - frozenset(REDUCTIONS)
+
+
+@dataclass
+class SavedValue:
+    name: str
+    shape: tuple
+    dtype: torch.dtype
+    nbytes: int
+
+
+@dataclass
+class PartitionReport:
+    """What the forward keeps for backward, what backward recomputes, and the saving against save_all."""
+    mode: str
+    saved: list = field(default_factory=list)          # SavedValue, primals included
+    recomputed: list = field(default_factory=list)     # "name = op" of nodes backward recomputes
+    save_all_bytes: int = 0
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.nbytes for s in self.saved)
+
+    def __str__(self) -> str:
+        saving = self.save_all_bytes - self.saved_bytes
+        lines = [f"partition ({self.mode}): {len(self.saved)} saved tensor(s), {self.saved_bytes} bytes; "
+                 f"save_all: {self.save_all_bytes} bytes; saving {saving} bytes",
+                 *(f"  saved {s.name}: {list(s.shape)} {str(s.dtype).replace('torch.', '')} ({s.nbytes} bytes)"
+                   for s in self.saved),
+                 *(f"  recomputed {r}" for r in self.recomputed)]
+        return "\n".join(lines)
+
+
+@dataclass
+class Partition:
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    saved_primals: tuple           # positions of the primals backward reads (passed as they are)
+    num_saved: int                 # forward outputs after the user's: the saved intermediates
+    grad_slots: tuple              # per joint grad: its position among backward's outputs, or None
+    report: PartitionReport
+
+
+def partition(joint: JointGraph, mode: str = "min_cut") -> Partition:
+    if mode not in CHOOSERS:
+        raise ValueError(f"minicompile: unknown partitioner {mode!r}; choose one of {sorted(CHOOSERS)}")
+    view = JointView(joint)
+    in_backward = CHOOSERS[mode](view)
+    full = view.boundary(view.tangent_dependent)
+    return view.split(in_backward, PartitionReport(mode, save_all_bytes=sum(nbytes(n) for n in full)))
+
+
+class JointView:
+    """The joint graph's nodes sorted by role: primals, tangents, outputs, grads."""
+
+    def __init__(self, joint: JointGraph):
+        self.joint = joint
+        self.gm = joint.graph
+        self.nodes = list(self.gm.graph.nodes)
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.primals, self.tangents = placeholders[:joint.num_primals], placeholders[joint.num_primals:]
+        results = next(n for n in self.nodes if n.op == "output").args[0]
+        self.outputs, self.grads = list(results[:joint.num_outputs]), list(results[joint.num_outputs:])
+        self.tangent_dependent = self._descendants(self.tangents)
+        self.needed = self._ancestors([g for g in self.grads if isinstance(g, torch.fx.Node)])
+
+    def _descendants(self, roots) -> set:
+        seen = set(roots)
+        for n in self.nodes:
+            if any(a in seen for a in n.all_input_nodes) and n.op != "output":
+                seen.add(n)
+        return seen
+
+    def _ancestors(self, roots) -> set:
+        seen, stack = set(), list(roots)
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(n.all_input_nodes)
+        return seen
+
+    def boundary(self, in_backward: set) -> list:
+        """The values backward reads but does not compute (tangents excluded), in graph order."""
+        read = {a for n in in_backward for a in n.all_input_nodes}
+        read |= {g for g in self.grads if isinstance(g, torch.fx.Node)}
+        return [n for n in self.nodes if n in read and n not in in_backward
+                and n not in self.tangents and n.op != "get_attr"]
+
+    def split(self, in_backward: set, report: PartitionReport) -> Partition:
+        inputs = self.boundary(in_backward)
+        saved_primals = [n for n in inputs if n in self.primals]
+        saved = [n for n in inputs if n not in self.primals]
+        report.saved = [SavedValue(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype, nbytes(n))
+                        for n in inputs]
+        report.recomputed = [f"{n.name} = {n.target}" for n in self.nodes
+                             if n in in_backward and n not in self.tangent_dependent]
+        grads = [g for g in self.grads if isinstance(g, torch.fx.Node)]
+        slots, k = [], 0
+        for g in self.grads:
+            slots.append(k if isinstance(g, torch.fx.Node) else None)
+            k += isinstance(g, torch.fx.Node)
+        forward = extract(self.gm, self.primals, self.outputs + saved)
+        backward = extract(self.gm, saved_primals + saved + self.tangents, grads)
+        return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), len(saved),
+                         tuple(slots), report)
+
+
+def nbytes(node: torch.fx.Node) -> int:
+    val = node.meta.get("val")
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 8
+
+
+def extract(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx.GraphModule:
+    """A new graph: ``inputs`` become placeholders, and it computes ``outputs`` from them."""
+    graph = torch.fx.Graph()
+    env = {}
+    for n in inputs:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    needed, stack = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n not in needed and n not in env:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    for n in gm.graph.nodes:
+        if n in needed:
+            if n.op == "placeholder":
+                raise ValueError(f"partition: {n.name} is needed but not an input of this graph")
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def save_all(view: JointView) -> set:
+    """Backward computes only what depends on a tangent; every forward value it reads is saved."""
+    return view.needed & view.tangent_dependent
+
+
+def min_cut(view: JointView) -> set:
+    """Backward computes the sink side of a minimum cut that prices each saved value by its bytes."""
+    must_compute_once = _banned(view)
+    g = nx.DiGraph()
+    for n in view.needed:
+        if n.op in ("get_attr", "output"):
+            continue
+        if n in view.tangent_dependent:
+            g.add_edge(("in", n), "sink")
+        else:
+            g.add_edge(("in", n), ("out", n), **_capacity(n, view))
+        if n in view.primals or n in must_compute_once:
+            g.add_edge("source", ("in", n))
+        for a in n.all_input_nodes:
+            if a.op != "get_attr":
+                g.add_edge(("out", a) if a not in view.tangent_dependent else ("in", a), ("in", n))
+    if "source" not in g or "sink" not in g:
+        return save_all(view)
+    _, (_, sink_side) = nx.minimum_cut(g, "source", "sink")
+    recomputed = {n for n in view.needed - view.tangent_dependent if ("in", n) in sink_side}
+    return (view.needed & view.tangent_dependent) | recomputed
+
+
+def _capacity(node: torch.fx.Node, view: JointView) -> dict:
+    """Saving a tensor costs its bytes, an input nothing (the caller holds it anyway); a node that
+    is not one tensor (a tuple) cannot be saved."""
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return {}
+    return {"capacity": 0 if node in view.primals else nbytes(node)}
+
+
+def _banned(view: JointView) -> set:
+    """Forward nodes that must not be recomputed: expensive or random ops, externs, and nodes that
+    would end a recompute chain longer than MAX_RECOMPUTE_DEPTH."""
+    banned, depth = set(), {}
+    for n in view.nodes:
+        if n.op != "call_function" or n in view.tangent_dependent:
+            depth[n] = 0
+            continue
+        cheap = n.target in RECOMPUTABLE and not (isinstance(n.target, torch._ops.OpOverload)
+                                                  and torch.Tag.nondeterministic_seeded in n.target.tags)
+        d = 1 + max((depth.get(a, 0) for a in n.all_input_nodes), default=0)
+        if not cheap or d > MAX_RECOMPUTE_DEPTH:
+            banned.add(n)
+            d = 0
+        depth[n] = d
+    return banned
+
+
+CHOOSERS = {"min_cut": min_cut, "save_all": save_all}

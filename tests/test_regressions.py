@@ -192,3 +192,9 @@ def test_softmax_keeps_its_exp_row_in_the_output_and_matches_eager():
     assert "the output row, written over in place" not in c.kernel_source
     mask = torch.rand(64, 300) > 0.5
     check(lambda v, m: torch.softmax(v.masked_fill(m, float("-inf")), -1) * 2 + v, x, mask)
+
+
+def test_negated_negative_infinity_constant_compiles():
+    # cpp_ops.literal wrote -inf as "-std::numeric_limits<float>::infinity()", and neg's template
+    # "(-{0})" made it "--std::..." (a C++ syntax error)
+    check(lambda x: x + torch.full_like(x, float("-inf")).neg(), torch.randn(8))

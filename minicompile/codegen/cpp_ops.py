@@ -70,7 +70,8 @@ def literal(value, dtype: torch.dtype) -> str:
         if math.isnan(v):
             return f"std::numeric_limits<{ctype}>::quiet_NaN()"
         if math.isinf(v):
-            return f"{'-' if v < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+            inf = f"std::numeric_limits<{ctype}>::infinity()"
+            return f"(-{inf})" if v < 0 else inf  # parenthesised: (-{0}) must not become --std::...
         if dtype == torch.float64 or dtype == torch.float32 and _exact_in_float32(v):
             text = repr(v) + ("f" if dtype == torch.float32 else "")
             return f"({text})" if text.startswith("-") else text  # (-{0}) must not become --0.5f

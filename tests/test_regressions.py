@@ -198,3 +198,12 @@ def test_negated_negative_infinity_constant_compiles():
     # cpp_ops.literal wrote -inf as "-std::numeric_limits<float>::infinity()", and neg's template
     # "(-{0})" made it "--std::..." (a C++ syntax error)
     check(lambda x: x + torch.full_like(x, float("-inf")).neg(), torch.randn(8))
+
+
+def test_eval_batch_norm_of_a_permuted_input_has_eagers_strides():
+    # eager allocates batch_norm's output in the input's suggested memory format; the
+    # decomposition's elementwise ops followed the permuted input's strides instead
+    aten = torch.ops.aten
+    x = torch.randn(3, 5, 2).permute(2, 1, 0)
+    stats = (torch.randn(5), torch.rand(5) + 0.5, torch.randn(5), torch.randn(5))
+    check(lambda x, m, v, w, b: aten.native_batch_norm.default(x, w, b, m, v, False, 0.1, 1e-5)[0], x, *stats)

@@ -58,6 +58,14 @@ def fused_rms_norm(input, normalized_shape, weight, eps):
     return _rms_norm(input, normalized_shape, weight, eps)
 
 
+def _suggested_memory_format(x) -> torch.memory_format:
+    """Channels-last (2d or 3d) for a tensor laid out that way and not also contiguous, else contiguous."""
+    for dim, layout in ((4, torch.channels_last), (5, torch.channels_last_3d)):
+        if x.dim() == dim and x.is_contiguous(memory_format=layout) and not x.is_contiguous():
+            return layout
+    return torch.contiguous_format
+
+
 def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     # Fold the per-channel statistics into one scale and shift, as eager's CPU kernel
     # does: out = x * (w / sqrt(var + eps)) + (b - mean * w / sqrt(var + eps)).
@@ -72,6 +80,11 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     scale = aten.view.default(scale, channel_shape)
     shift = aten.view.default(shift, channel_shape)
     out = aten.add.Tensor(aten.mul.Tensor(upcast(input), scale), shift)
+    # Eager's kernel allocates its output in the input's suggested memory format (contiguous or
+    # channels-last), not with the strides elementwise ops would give a permuted input.
+    layout = _suggested_memory_format(input)
+    if not out.is_contiguous(memory_format=layout):
+        out = aten.clone.default(out, memory_format=layout)
     # No statistics are saved in eval mode: eager returns two empty tensors, typed like
     # the running statistics.
     def empty():

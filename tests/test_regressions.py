@@ -207,3 +207,12 @@ def test_eval_batch_norm_of_a_permuted_input_has_eagers_strides():
     x = torch.randn(3, 5, 2).permute(2, 1, 0)
     stats = (torch.randn(5), torch.rand(5) + 0.5, torch.randn(5), torch.randn(5))
     check(lambda x, m, v, w, b: aten.native_batch_norm.default(x, w, b, m, v, False, 0.1, 1e-5)[0], x, *stats)
+
+
+def test_fusion_never_closes_a_cycle_through_other_kernels():
+    # fuzzer seed 600369: a buffer joined a kernel it shares only an input with, while a kernel it
+    # reads from already depended on that kernel (a cycle between kernels, not between buffers)
+    def fn(v0, v1):
+        return (v1[0::2], torch.nn.functional.layer_norm(v0, v0.shape[-1:]), v1.unsqueeze(0),
+                v0.expand(3, *v0.shape), torch.log_softmax(v0, 0))
+    check(fn, torch.randn(2, 8).to(torch.bfloat16), torch.randint(-5, 6, (1,)))

@@ -139,6 +139,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
 
     groups, group_of, failures = [], {}, {}
+    edges = nx.DiGraph()  # between groups so far: a buffer's group -> the groups of its readers
     for b in buffers:
         placed = None
         if isinstance(b, ComputedBuffer) and config.fusion:
@@ -146,7 +147,8 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
                           (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes))
                            or _single_element(b) and all(_single_element(n) for n in g.nodes))]
             for g in candidates:
-                reason = _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name)
+                reason = (_group_cycle(g, b, deps, group_of, edges)
+                          or _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name))
                 if reason is None:
                     placed = g
                     break
@@ -159,6 +161,8 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
         else:
             placed.nodes.append(b)
         group_of[b.name] = placed
+        edges.add_node(placed.index)
+        edges.add_edges_from((group_of[d].index, placed.index) for d in deps[b.name] if group_of[d] is not placed)
 
     order = _group_order(groups, group_of, deps)
     steps, decisions = [], []
@@ -185,6 +189,19 @@ def _single_element(b) -> bool:
     """One element, no loop: such kernels join each other even when they share no input (an
     optimizer's per-parameter step counters become one kernel, not one call each)."""
     return isinstance(b, ComputedBuffer) and not isinstance(b.data, Reduction) and prod(b.data.ranges) == 1
+
+
+def _group_cycle(g, b, deps, group_of, edges) -> str | None:
+    """Joining ``g`` makes ``b``'s producers' groups feed ``g``: a cycle if ``g`` already reaches
+    one of them through other groups (``b`` shares only an input with ``g``, while a member of a
+    group ``b`` reads depends on ``g``). Buffer-level ancestry does not see such group paths."""
+    if not edges.has_node(g.index) or edges.out_degree(g.index) == 0:
+        return None
+    for p in deps[b.name]:
+        gp = group_of[p]
+        if gp is not g and nx.has_path(edges, g.index, gp.index):
+            return f"would create a cycle through the kernel of {p}"
+    return None
 
 
 def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):

@@ -113,7 +113,7 @@ def _run_inference(fn, example_inputs: tuple, model=None):
 
 def _run_training(fn, example_inputs: tuple, model=None):
     """``fn``'s outputs, then the gradients of its floating-point inputs and of ``model``'s
-    parameters (None where one gets no gradient), for a gradient of ones on every output."""
+    parameters (those that get none left out), for a gradient of ones on every output."""
     model = fn if model is None else model
     inputs = [x.detach().clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
               else x for x in example_inputs]

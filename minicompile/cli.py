@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--frontend", default="dynamo", metavar="NAME",
                      help="who captures the graphs: dynamo (torch.compile, the default) or minicompile "
                           "(minicompile.compile, minicompile's own bytecode tracer)")
+    ins.add_argument("--train", action="store_true",
+                     help="capture for training (inputs require grad, one backward through torch.compile) and "
+                          "show each graph's partition report, then its forward and backward stages")
 
     bench = sub.add_parser("bench", help="time eager vs minicompile vs Inductor on standard workloads")
     bench.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions (< 3 min on 2 cores)")
@@ -73,7 +76,11 @@ def _inspect(args) -> int:
         print(f"minicompile inspect: unknown front end {args.frontend!r}; "
               f"available: {', '.join(inspect.FRONTENDS)}", file=sys.stderr)
         return 2
-    return inspect.run_inspect(args.target, stages, args.out, args.frontend)
+    if args.train and args.frontend != "dynamo":
+        print("minicompile inspect: --train captures with torch.compile (--frontend dynamo); "
+              "minicompile's own front end has no training path yet", file=sys.stderr)
+        return 2
+    return inspect.run_inspect(args.target, stages, args.out, args.frontend, train=args.train)
 
 
 def _bench(args) -> int:

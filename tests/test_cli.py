@@ -132,6 +132,36 @@ def test_inspect_minicompile_front_end_shows_a_fallback_and_its_graph(tmp_path, 
     assert "graph 0: fusion groups" in stdout and "1 kernel(s)" in stdout
 
 
+TRAIN_TARGET = textwrap.dedent("""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Tanh())
+    example_inputs = (torch.randn(4, 8),)
+""")
+
+
+def test_inspect_train_shows_the_partition_then_forward_and_backward_stages(tmp_path, capsys):
+    script = tmp_path / "train_target.py"
+    script.write_text(TRAIN_TARGET)
+    out = tmp_path / "out"
+    assert main(["inspect", str(script), "--train", "--stages", "graph,fusion,kernels", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "(): training graph; forward: " in stdout and "; backward: " in stdout
+    diff = float(stdout.split("compiled output and gradients vs eager: max abs diff ")[1].split()[0])
+    assert diff < 1e-4   # the output and the gradients of x and of all four parameters
+    assert "partition (min_cut): " in stdout and "  saved " in stdout
+    titles = [line for line in stdout.splitlines() if line.startswith("=== graph 0: ")]
+    assert [t.split(" ===")[0].removeprefix("=== graph 0: ") for t in titles] == [
+        "captured FX graph", "partition report (saved for backward, recomputed)",
+        "forward: fusion groups", "forward: generated kernels", "backward: fusion groups",
+        "backward: generated kernels"]
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"graph0/partition.txt", "graph0/forward/kernels.cpp", "graph0/backward/kernels.cpp",
+            "graph0/backward/aten_graph.py", "graph0/repro.py"} <= written
+    assert main(["inspect", str(script), "--train", "--frontend", "minicompile"]) == 2
+    assert "--train captures with torch.compile" in capsys.readouterr().err
+
+
 def test_inspect_unknown_front_end_exits_2(capsys):
     assert main(["inspect", "x.py", "--frontend", "bogus"]) == 2
     err = capsys.readouterr().err

@@ -6,6 +6,12 @@ wrapper, so each GraphRecord also holds what the backend compiled and the inputs
 
   "dynamo"       ``torch.compile``; breaks and guards come from ``torch._dynamo.explain``
   "minicompile"  minicompile's own bytecode capture (``minicompile.explain``)
+
+``capture_dynamo(..., train=True)`` captures for training instead: floating-point inputs
+require grad, grad mode is on, and one backward runs (``torch.autograd.grad`` of every
+differentiable output with a gradient of ones), so each graph's record holds a TrainingGraph
+whose forward and backward have both compiled; the report's outputs are the model's outputs
+followed by the gradients of the inputs and parameters, compiled and eager.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import PerShapeGraph, minicompile_backend
 from minicompile.capture.api import explain as capture_explain
 from minicompile.capture.explain import BreakRecord, CaptureReport, EntryRecord, GraphRecord, GuardRecord
@@ -47,10 +54,10 @@ class RecordingBackend:
         rec.example_inputs, compiled = self.seen.get(rec.graph, ([], None))
         if isinstance(compiled, PerShapeGraph):
             compiled = next(iter(compiled.compiled.values()), None)
-        if isinstance(compiled, CompiledGraph):
+        if isinstance(compiled, (CompiledGraph, TrainingGraph)):
             rec.compiled = compiled
         else:
-            rec.note = "runs eagerly (the graph needs gradients)"
+            rec.note = "runs eagerly (a training graph the runtime cannot compile; the warning says why)"
 
 
 @register_frontend("minicompile")
@@ -71,7 +78,7 @@ def capture_minicompile(model, example_inputs: tuple) -> CaptureReport:
 
 
 @register_frontend("dynamo")
-def capture_dynamo(model, example_inputs: tuple) -> CaptureReport:
+def capture_dynamo(model, example_inputs: tuple, train: bool = False) -> CaptureReport:
     report = CaptureReport("dynamo")
     backend = RecordingBackend()
     names: dict = {}
@@ -82,9 +89,10 @@ def capture_dynamo(model, example_inputs: tuple) -> CaptureReport:
         return backend(gm, inputs)
 
     torch._dynamo.reset()
-    with torch.no_grad():
-        report.eager_output = model(*example_inputs)
-        report.output = torch.compile(model, backend=recording_backend, dynamic=False)(*example_inputs)
+    run = _run_training if train else _run_inference
+    with torch.enable_grad() if train else torch.no_grad():
+        report.eager_output = run(model, example_inputs)
+        report.output = run(torch.compile(model, backend=recording_backend, dynamic=False), example_inputs, model)
         # Graph breaks and guards come from Dynamo's own explain (a second, cheap trace).
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(*example_inputs)
@@ -97,6 +105,24 @@ def capture_dynamo(model, example_inputs: tuple) -> CaptureReport:
     guards = [_guard_record(g, frame_locals) for g in explained.out_guards]
     report.entries = [EntryRecord(names[backend.order[0]] if backend.order else "", 0, guards, "")]
     return report
+
+
+def _run_inference(fn, example_inputs: tuple, model=None):
+    return fn(*example_inputs)
+
+
+def _run_training(fn, example_inputs: tuple, model=None):
+    """``fn``'s outputs, then the gradients of its floating-point inputs and of ``model``'s
+    parameters (those that get none left out), for a gradient of ones on every output."""
+    model = fn if model is None else model
+    inputs = [x.detach().clone().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
+              else x for x in example_inputs]
+    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    wrt += list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    out = fn(*inputs)
+    diff = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads = torch.autograd.grad(diff, wrt, [torch.ones_like(o) for o in diff], allow_unused=True)
+    return out, [g for g in grads if g is not None]
 
 
 def _ops(gm) -> int:

@@ -6,6 +6,10 @@ unfused edges and extern calls with reasons), the generated kernels and the host
 and guards of the capture. ``--out DIR`` writes all of it, plus a reproducer per graph.
 ``--frontend`` picks who captures: TorchDynamo (default) or minicompile's own tracer; both
 hand back capture's CaptureReport, so the same printers show either.
+
+``--train`` captures for training (inputs requiring grad, one backward; see tools/capture.py):
+each graph then shows its partition report (what is saved for backward, what is recomputed)
+and every stage of its forward graph, then of its backward graph.
 """
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ import sys
 
 import torch
 
+from minicompile.aot.runtime import TrainingGraph
 from minicompile.capture.explain import CaptureReport
-from minicompile.report.artifacts import STAGES, banner, stage_file, summary
-from minicompile.tools.capture import FRONTENDS
+from minicompile.pipeline import CompiledGraph
+from minicompile.report.artifacts import STAGES, ReportStage, banner, stage_file, summary
+from minicompile.tools.capture import FRONTENDS, capture_dynamo
 from minicompile.report.highlight import highlight
 from minicompile.tools.repro import write_repro
 from minicompile.tools.target import load_target
@@ -35,10 +41,14 @@ def parse_stages(text: str) -> list[str]:
     return names
 
 
-def run_inspect(target_spec: str, stages: list[str], out_dir: str | None, frontend: str, stream=None) -> int:
+def run_inspect(target_spec: str, stages: list[str], out_dir: str | None, frontend: str, stream=None,
+                train: bool = False) -> int:
     stream = stream or sys.stdout
     target = load_target(target_spec)
-    report = FRONTENDS[frontend](target.model, target.example_inputs)
+    if train:
+        report = capture_dynamo(target.model, target.example_inputs, train=True)
+    else:
+        report = FRONTENDS[frontend](target.model, target.example_inputs)
     text_blocks = render_report(report, target.name, stages, stream)
     for block in text_blocks:
         stream.write(block)
@@ -52,11 +62,12 @@ def headline(report: CaptureReport, name: str) -> str:
     lines = [f"minicompile inspect {name}: {len(report.graphs)} graph(s), {len(report.breaks)} graph break(s), "
              f"{len(report.guards)} guard(s) (front end: {report.frontend})"]
     for i, rec in enumerate(report.graphs):
-        detail = summary(rec.compiled) if rec.compiled is not None else rec.note
+        detail = _summary(rec.compiled) if rec.compiled is not None else rec.note
         start = f" from offset {rec.offset}" if rec.offset else ""
         lines.append(f"  graph {i}: {rec.code_name}(){start}: {detail}")
     lines += [f"  fallback to {f.kind} for {f.code_name}(): {f.reason}" for f in report.fallbacks]
-    lines.append(f"  compiled output vs eager: {_compare(report.output, report.eager_output)}")
+    what = "output and gradients" if any(isinstance(r.compiled, TrainingGraph) for r in report.graphs) else "output"
+    lines.append(f"  compiled {what} vs eager: {_compare(report.output, report.eager_output)}")
     return "\n".join(lines) + "\n"
 
 
@@ -67,14 +78,43 @@ def render_report(report: CaptureReport, name: str, stages: list[str], stream) -
     if "guards" in stages:
         blocks.append("\n" + banner("guards") + "\n" + guards_text(report))
     for i, rec in enumerate(report.graphs):
-        for name_ in (s for s in STAGES if s in stages):
-            stage = STAGES[name_]
-            if rec.compiled is None and name_ != "graph":
-                continue
-            _, language = stage_file(stage, rec.compiled)
-            text = stage.render(rec.graph, rec.compiled)
-            blocks.append(f"\n{banner(f'graph {i}: {stage.title}')}\n{highlight(text, language, stream)}")
+        for half, stage, compiled in _graph_stages(rec, stages):
+            _, language = stage_file(stage, compiled)
+            text = stage.render(rec.graph, compiled)
+            title = f"{half}: {stage.title}" if half else stage.title
+            blocks.append(f"\n{banner(f'graph {i}: {title}')}\n{highlight(text, language, stream)}")
     return blocks
+
+
+def _graph_stages(rec, stages: list[str]):
+    """(half, stage, compiled graph) to print for one record: a training graph's captured FX
+    graph and partition report, then each stage of its forward and of its backward half."""
+    names = [s for s in STAGES if s in stages]
+    if not isinstance(rec.compiled, TrainingGraph):
+        return [("", STAGES[n], rec.compiled) for n in names if rec.compiled is not None or n == "graph"]
+    out = [("", STAGES["graph"], None)] if "graph" in names else []
+    out.append(("", PARTITION_STAGE, rec.compiled))
+    for half, compiled in _halves(rec.compiled):
+        out += [(half, STAGES[n], compiled) for n in names if n != "graph"]
+    return out
+
+
+def _halves(graph: TrainingGraph) -> list:
+    """The forward and backward CompiledGraphs (a backward that failed to compile runs eagerly: left out)."""
+    return [(half, c) for half, c in (("forward", graph.forward), ("backward", graph.backward))
+            if isinstance(c, CompiledGraph)]
+
+
+PARTITION_STAGE = ReportStage("partition", "partition report (saved for backward, recomputed)",
+                              lambda fx, graph: str(graph.report).rstrip() + "\n", "partition.txt", None)
+
+
+def _summary(compiled) -> str:
+    if not isinstance(compiled, TrainingGraph):
+        return summary(compiled)
+    halves = dict(_halves(compiled))
+    return "training graph; " + "; ".join(f"{half}: {summary(halves[half]) if half in halves else 'runs eagerly'}"
+                                          for half in ("forward", "backward"))
 
 
 def breaks_text(report: CaptureReport) -> str:
@@ -124,13 +164,14 @@ def write_artifacts(report: CaptureReport, name: str, out_dir: str) -> list[str]
     for i, rec in enumerate(report.graphs):
         gdir = os.path.join(out_dir, f"graph{i}")
         os.makedirs(gdir, exist_ok=True)
-        for stage in STAGES.values():
-            if rec.compiled is None and stage.name != "graph":
-                continue
-            filename, _ = stage_file(stage, rec.compiled)
-            write(os.path.join(gdir, filename), stage.render(rec.graph, rec.compiled))
-        if rec.compiled is not None:
-            paths.append(write_repro(rec.compiled, rec.example_inputs, gdir, f"graph {i} of {name}"))
+        for half, stage, compiled in _graph_stages(rec, list(STAGES)):
+            filename, _ = stage_file(stage, compiled)
+            os.makedirs(os.path.join(gdir, half), exist_ok=True)   # a training graph's forward/, backward/
+            write(os.path.join(gdir, half, filename), stage.render(rec.graph, compiled))
+        # A training graph's forward takes the captured graph's inputs: its reproducer can use them.
+        forward = rec.compiled.forward if isinstance(rec.compiled, TrainingGraph) else rec.compiled
+        if isinstance(forward, CompiledGraph):
+            paths.append(write_repro(forward, rec.example_inputs, gdir, f"graph {i} of {name}"))
     return paths
 
 

@@ -32,7 +32,7 @@ os.environ["MINICOMPILE_FALLBACK"] = "0"   # a failed compile must not time eage
 
 import torch  # noqa: E402
 
-from minicompile.tools.bench import _render, machine_info  # noqa: E402
+from minicompile.tools.bench import _render, machine_info, time_interleaved  # noqa: E402
 
 OPTIMIZERS = {
     # name: (constructor, float32 tensors read + written per parameter element)
@@ -87,13 +87,8 @@ def run(name: str, model, reps: int) -> dict:
         for c in columns.values():
             c["step"]()
     order = list(columns.values())
-    for k in range(reps):
-        # each repetition starts at another column: no column always follows the same one
-        # (the one before may leave its thread pool spinning on the cores)
-        for c in order[k % len(order):] + order[:k % len(order)]:
-            t0 = time.perf_counter()
-            c["step"]()
-            c["times"].append(time.perf_counter() - t0)
+    for c, times in zip(order, time_interleaved([c["step"] for c in order], reps)):
+        c["times"] = times
     ref = list(columns["eager"]["model"].parameters())
     for c in columns.values():
         c["median_s"] = statistics.median(c["times"])

@@ -36,7 +36,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from minicompile.tools.bench import _render, machine_info  # noqa: E402
+from minicompile.tools.bench import _render, machine_info, time_interleaved  # noqa: E402
+from minicompile.tools.workloads import Block  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -57,31 +58,9 @@ class LayerNormSoftmax(nn.Module):
         return F.softmax(self.out(F.gelu(self.ln(self.fc(x)))), dim=-1)
 
 
-class GPT2Block(nn.Module):
-    """Pre-norm attention (matmul + causal mask + softmax) and a tanh-GELU MLP, both residual
-    (the block of tests/test_training.py, at benchmark sizes)."""
-
-    def __init__(self, dim=256, heads=4, seq=128):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc, self.fc_out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // self.heads) ** 0.5)
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
 MODELS = {   # name: (constructor, input shape, description)
     "mlp": (MLP, (256, 1024), "3 x Linear(1024), relu, tanh; x 256x1024"),
-    "gpt2_block": (GPT2Block, (4, 128, 256), "B4 T128 C256, 4 heads"),
+    "gpt2_block": (lambda: Block(256, heads=4, seq=128), (4, 128, 256), "B4 T128 C256, 4 heads"),
     "layernorm_softmax": (LayerNormSoftmax, (256, 1024), "Linear, LayerNorm, GELU, Linear, softmax; x 256x1024"),
 }
 COMPILERS = {   # column: how its model is wrapped
@@ -146,11 +125,8 @@ def run(name: str, reps: int) -> dict:
         c["saved"] = saved_bytes(c["step"])
         c["step"]()   # warm-up
     order = list(columns.values())
-    for k in range(reps):
-        for c in order[k % len(order):] + order[:k % len(order)]:
-            t0 = time.perf_counter()
-            c["step"]()
-            c["times"].append(time.perf_counter() - t0)
+    for c, times in zip(order, time_interleaved([c["step"] for c in order], reps)):
+        c["times"] = times
     ref = columns["eager"]
     ref_grads = [ref["x"].grad] + [p.grad for p in ref["model"].parameters()]
     for c in columns.values():

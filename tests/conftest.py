@@ -5,6 +5,7 @@ import tempfile
 import pytest
 import torch
 
+import minicompile.backend as backend_module
 from minicompile.codegen import BACKENDS
 from minicompile.config import patch
 
@@ -39,3 +40,16 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The CompiledGraphs the backend builds through the pipeline (the per-shape path counts too)."""
+    built = []
+    compile_graph = backend_module.compile_graph
+
+    def counting(gm, example_inputs):
+        built.append(compile_graph(gm, example_inputs))
+        return built[-1]
+    monkeypatch.setattr(backend_module, "compile_graph", counting)
+    return built

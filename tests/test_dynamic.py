@@ -14,7 +14,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import minicompile.backend as backend_module
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, Var, symbols_of
 from minicompile.tools.workloads import Block
 
@@ -40,19 +39,6 @@ WORKLOADS = {  # name -> (function, input of batch size b)
     "sum_over_batch": (lambda x: x.sum(0) + x.mean(), lambda b: torch.randn(b, 32)),
 }
 MODES = {"automatic": 2, "mark_dynamic": 1, "dynamic=True": 1}  # mode -> most pipeline compiles allowed
-
-
-@pytest.fixture
-def compiles(monkeypatch):
-    """The CompiledGraphs the pipeline builds (the per-shape path counts too)."""
-    built = []
-    compile_graph = backend_module.compile_graph
-
-    def counting(gm, example_inputs):
-        built.append(compile_graph(gm, example_inputs))
-        return built[-1]
-    monkeypatch.setattr(backend_module, "compile_graph", counting)
-    return built
 
 
 def run_batches(fn, make_input, mode: str, batches=BATCHES):

@@ -21,6 +21,7 @@ from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import minicompile_backend
 from minicompile.config import patch
 from minicompile.decomp import CORE_OPS, EXTERN_COMPUTE_OPS
+from minicompile.tools.workloads import Block
 from tests.helpers import assert_matches_eager
 
 TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
@@ -44,31 +45,10 @@ class LayerNormSoftmax(nn.Module):
         return F.softmax(self.out(F.gelu(self.ln(self.fc(x)))), dim=-1)
 
 
-class GPT2Block(nn.Module):
-    """Pre-norm attention (matmul + causal mask + softmax) and a tanh-GELU MLP, both residual."""
-
-    def __init__(self, dim=16, heads=2, seq=6):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc, self.fc_out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // self.heads) ** 0.5)
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
 MODELS = {
     "mlp": (MLP, lambda: (torch.randn(8, 12), torch.randn(8, 4))),
     "layernorm_softmax": (LayerNormSoftmax, lambda: (torch.randn(8, 12), torch.rand(8, 4))),
-    "gpt2_block": (GPT2Block, lambda: (torch.randn(2, 6, 16), torch.randn(2, 6, 16))),
+    "gpt2_block": (lambda: Block(16, heads=2, seq=6), lambda: (torch.randn(2, 6, 16), torch.randn(2, 6, 16))),
 }
 
 

@@ -61,6 +61,19 @@ def machine_info() -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
+def time_interleaved(steps: list, reps: int) -> list[list[float]]:
+    """Seconds per call of each of ``steps``, ``reps`` calls each, taking turns in one process.
+    Each repetition starts at another step: no step always follows the same one (the one
+    before may leave its thread pool spinning on the cores)."""
+    times = [[] for _ in steps]
+    for k in range(reps):
+        for i in [*range(k % len(steps), len(steps)), *range(k % len(steps))]:
+            t0 = time.perf_counter()
+            steps[i]()
+            times[i].append(time.perf_counter() - t0)
+    return times
+
+
 def run_worker(workload, size, phase, reps, device, inductor, warm_in_process, env, bar) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = f.name

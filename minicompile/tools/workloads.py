@@ -39,20 +39,30 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """A GPT-2 block: pre-LayerNorm causal self-attention and a tanh-GELU MLP."""
+    """A GPT-2 block: pre-LayerNorm causal self-attention and a tanh-GELU MLP.
 
-    def __init__(self, c, heads):
+    With ``seq`` the attention is written out (matmul, a causal-mask buffer of ``seq`` x ``seq``,
+    softmax), the form the training benchmark and tests use; without, it is
+    ``scaled_dot_product_attention``."""
+
+    def __init__(self, c, heads, seq: int | None = None):
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
         self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
         self.fc, self.out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        if seq is not None:
+            self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
 
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if hasattr(self, "mask"):
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.heads) ** 0.5)
+            y = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 

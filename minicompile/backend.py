@@ -227,26 +227,7 @@ def use_cudagraphs(compiled: CompiledGraph, example_inputs) -> None:
     n = len(example_inputs)
     static = {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
     static |= set(range(n, len(args)))  # the graph's own attributes: the same tensors every call
-    compiled.run = CUDAGraphRunner(compiled.run, static, mutated_inputs(compiled.aten_graph))
-
-
-def mutated_inputs(aten_gm: torch.fx.GraphModule) -> set:
-    """Positions of the graph inputs an op writes into (schema arguments marked ``Tensor(a!)``)."""
-    placeholders = {n: i for i, n in enumerate(n for n in aten_gm.graph.nodes if n.op == "placeholder")}
-    out = set()
-    for node in aten_gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None:
-            continue
-        bound = list(zip(schema.arguments, node.args))
-        bound += [(a, node.kwargs[a.name]) for a in schema.arguments if a.name in node.kwargs]
-        for arg, value in bound:
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            for v in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(v, torch.fx.Node) and v in placeholders:
-                    out.add(placeholders[v])
-    return out
+    compiled.run = CUDAGraphRunner(compiled.run, static, set(compiled.mutated_inputs))
 
 
 def log_once(message: str) -> None:

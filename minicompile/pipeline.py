@@ -56,8 +56,7 @@ class CompiledGraph:
     def __post_init__(self):
         # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
         # tensor's version counter, which autograd checks ("modified by an inplace operation").
-        written = set(self.loop_graph.mutations.values())
-        self._mutated = tuple(b.position for b in self.loop_graph.inputs if b.name in written)
+        self.mutated_inputs = _written_inputs(self.aten_graph)
         # Dynamo graphs return a flat tuple: the wrapper's result is already the answer
         flat_tuple = pytree.tree_unflatten([0] * self.out_spec.num_leaves, self.out_spec)
         self._returns_flat_tuple = (type(flat_tuple) is tuple and self.out_spec.num_leaves == len(flat_tuple)
@@ -67,8 +66,8 @@ class CompiledGraph:
         if self.lifted:
             args = args + self.lifted
         flat = self.run(args)
-        if self._mutated:
-            torch.autograd.graph.increment_version([args[k] for k in self._mutated])
+        if self.mutated_inputs:
+            torch.autograd.graph.increment_version([args[k] for k in self.mutated_inputs])
         if self._returns_flat_tuple:
             return flat
         return pytree.tree_unflatten(list(flat), self.out_spec)
@@ -134,6 +133,14 @@ def _generate(backend, loops: LoopGraph, plan: Schedule) -> Code:
     kernels = backend.generate(loops, plan)
     wrapper = WrapperCode(loops, plan, kernels.kernel_args)
     return Code(kernels, wrapper.generate(), wrapper.externs)
+
+
+def _written_inputs(aten: torch.fx.GraphModule) -> tuple:
+    """Positions of the inputs the graph writes: functionalization leaves one ``copy_`` into each
+    (aot/trace.py), whether it lowers to a kernel or runs as an extern."""
+    position = {n: k for k, n in enumerate(n for n in aten.graph.nodes if n.op == "placeholder")}
+    return tuple(sorted({position[n.args[0]] for n in aten.graph.nodes if n.op == "call_function"
+                         and n.target is torch.ops.aten.copy_.default and n.args[0] in position}))
 
 
 def _pick_backend(gm: torch.fx.GraphModule) -> str:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minicompile import backend as backend_module
-from minicompile.backend import minicompile_backend, mutated_inputs
+from minicompile.backend import minicompile_backend
 from minicompile.config import MODES, config, graph_knobs, option_names, patch
 from minicompile.pipeline import CompiledGraph
 from minicompile.runtime import autotune, cudagraphs, host_pool
@@ -204,8 +204,8 @@ def test_max_autotune_widens_the_triton_search(meta):
 def test_mutated_inputs_are_found_from_the_aten_graph():
     x, y = torch.randn(4), torch.randn(4)
     c = minicompile_backend(traced(bump_and_scale), [x.clone(), y])
-    assert mutated_inputs(c.aten_graph) == {0}
-    assert mutated_inputs(minicompile_backend(traced(small_graph), [torch.randn(2, 3)] * 2).aten_graph) == set()
+    assert set(c.mutated_inputs) == {0}
+    assert set(minicompile_backend(traced(small_graph), [torch.randn(2, 3)] * 2).mutated_inputs) == set()
 
 
 def test_signature_changes_with_shapes_scalars_and_static_addresses():
@@ -271,7 +271,7 @@ def replay_on_cpu(monkeypatch):
 def test_runner_copies_inputs_in_writes_mutations_back_and_hands_out_fresh_outputs(replay_on_cpu):
     x, y = torch.randn(16, 64), torch.randn(16, 64)
     c = minicompile_backend(traced(bump_and_scale), [x.clone(), y])
-    runner = CUDAGraphRunner(c.run, static_positions=(), mutated_positions=mutated_inputs(c.aten_graph))
+    runner = CUDAGraphRunner(c.run, static_positions=(), mutated_positions=set(c.mutated_inputs))
     kept = []
     for _ in range(3):
         mine, ref, y = x.clone(), x.clone(), torch.randn_like(y)

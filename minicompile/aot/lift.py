@@ -15,6 +15,8 @@ ordinary input write-back (``copy_`` at the end of the graph), applied once per 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -23,7 +25,7 @@ def lift_attributes(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tup
     attrs = {}                         # attribute path -> tensor, in first-use order
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            value = _fetch(gm, node.target)
+            value = operator.attrgetter(node.target)(gm)
             if isinstance(value, torch.Tensor):
                 attrs.setdefault(node.target, value)
     if not attrs:
@@ -48,13 +50,6 @@ def lift_attributes(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tup
     new = torch.fx.GraphModule(gm, graph)
     new.meta.update(getattr(gm, "meta", {}))
     return new, tuple(attrs.values())
-
-
-def _fetch(gm, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _placeholder_name(target: str) -> str:

@@ -253,12 +253,12 @@ def _out_of_place_overload(node: torch.fx.Node):
 def _has_views(node: torch.fx.Node, mutation: torch.fx.Node) -> bool:
     # A view of the mutated tensor would observe the mutation; replacing the base alone
     # would change what the view reads.
-    return any(
-        user is not mutation
-        and isinstance(user.target, torch._ops.OpOverload)
-        and any(r.alias_info is not None for r in user.target._schema.returns)
-        for user in node.users
-    )
+    return any(user is not mutation and _returns_alias(user.target) for user in node.users)
+
+
+def _returns_alias(target) -> bool:
+    """An ATen op whose result shares storage with an argument (a view)."""
+    return isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None for r in target._schema.returns)
 
 
 def _add_missing_input_meta(gm: torch.fx.GraphModule, fake_inputs: list, fake_mode: FakeTensorMode) -> None:
@@ -334,10 +334,8 @@ def alias_mutated_outputs(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -
 
 
 def _is_view(node: torch.fx.Node) -> bool:
-    target = node.target
-    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and node.args
-            and isinstance(node.args[0], torch.fx.Node) and not target._schema.is_mutable
-            and len(target._schema.returns) == 1 and target._schema.returns[0].alias_info is not None)
+    return (node.op == "call_function" and _returns_alias(node.target) and not node.target._schema.is_mutable
+            and len(node.target._schema.returns) == 1 and node.args and isinstance(node.args[0], torch.fx.Node))
 
 
 def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:

@@ -9,16 +9,23 @@ into core ops (decomp/backward.py) and fuse like forward ones. ``grads[k]`` is t
 of primal ``grad_inputs[k]`` (None where no output depends on it).
 
 The result is functional, as the inference trace is, but not through torch.func.functionalize:
-its wrappers hide ``requires_grad`` from autograd inside the transform. Input mutations are
-refused instead (below), in-place ops composite kernels leave on intermediates are rewritten
-by the inference pass that handles them (``trace.leftover_inplace``), and a joint graph that
-still holds a mutating op is refused.
+its wrappers hide ``requires_grad`` from autograd inside the transform. In-place ops on
+inputs that do not require grad (BatchNorm's running statistics, ``num_batches_tracked``)
+become their out-of-place form, later readers read the new value, and one ``copy_`` per
+mutated input at the end writes it back: the inference trace's input write-back (aot/trace.py),
+which the partitioner puts in the forward graph and CompiledGraph runs (``mutated_inputs``).
+In-place ops composite kernels leave on intermediates are rewritten by the inference pass that
+handles them (``trace.leftover_inplace``; dropout's ``bernoulli_`` too), and a joint graph that
+still holds another mutating op is refused.
+
+Random ops (dropout's ``bernoulli``) stay extern ATen calls in the forward graph, in graph
+order, so they draw from torch's generator exactly as eager does; the partitioner never
+recomputes them, so backward reads the forward's mask.
 
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
-gradient is ever wrong: input mutation (BatchNorm's running statistics), random ops
-(dropout), outputs aliasing inputs or each other, autocast, and tensor attributes that
-require grad (their gradient would be lost).
+gradient is ever wrong: mutation of an input that requires grad, outputs aliasing inputs or
+each other, autocast, and tensor attributes that require grad (their gradient would be lost).
 """
 from __future__ import annotations
 
@@ -76,6 +83,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
     with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
         graph = trace._make_fx(joint_fn, ctx)
     _drop_detach(graph)
+    _functionalize_input_mutations(graph)
     for run in _AFTER_TRACE:
         graph = run(graph, ctx)
     _check_joint(graph)
@@ -97,8 +105,8 @@ def _fake_forward(gm, primals: list, fake_mode) -> list:
     versions = [p._version if isinstance(p, torch.Tensor) else None for p in primals]
     with torch.enable_grad(), fake_mode, trace._real_constants_allowed(fake_mode):
         outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
-    if any(isinstance(p, torch.Tensor) and p._version != v for p, v in zip(primals, versions)):
-        raise TrainingUnsupported("the graph mutates an input (e.g. BatchNorm's running statistics)")
+    if any(isinstance(p, torch.Tensor) and p._version != v and p.requires_grad for p, v in zip(primals, versions)):
+        raise TrainingUnsupported("the graph mutates an input that requires grad")
     _check_aliasing(primals, outputs)
     return outputs
 
@@ -135,9 +143,7 @@ def _check_joint(graph: torch.fx.GraphModule) -> None:
     for node in graph.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        if torch.Tag.nondeterministic_seeded in node.target.tags:
-            raise TrainingUnsupported(f"random op {node.target} (backward must reuse the forward's values)")
-        if node.target._schema.is_mutable:
+        if node.target._schema.is_mutable and not is_input_write(node):
             raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
 
 
@@ -148,3 +154,54 @@ def _drop_detach(graph: torch.fx.GraphModule) -> None:
             node.replace_all_uses_with(node.args[0])
             graph.graph.erase_node(node)
     graph.recompile()
+
+
+def is_input_write(node: torch.fx.Node) -> bool:
+    """The ``copy_`` that writes a mutated input's new value back (the forward graph's last nodes)."""
+    return node.target is aten.copy_.default and node.args[0].op == "placeholder"
+
+
+def _functionalize_input_mutations(graph: torch.fx.GraphModule) -> None:
+    """``x.add_(1)`` (or ``copy_(x, v)``) on an input -> ``y = x + 1``; later readers of x read y;
+    one ``copy_(x, y)`` before the output. Inputs that require grad were refused already."""
+    latest = {}
+    for node in list(graph.graph.nodes):
+        if node.op == "output":
+            with graph.graph.inserting_before(node):
+                for placeholder, value in latest.items():
+                    write = graph.graph.call_function(aten.copy_.default, (placeholder, value))
+                    write.meta["val"] = placeholder.meta.get("val")
+            break
+        mutated = _mutated_input(node)
+        for placeholder, value in latest.items():
+            node.replace_input_with(placeholder, value)
+        if mutated is not None:
+            latest[mutated] = _out_of_place(graph, node, mutated)
+    graph.recompile()
+
+
+def _mutated_input(node: torch.fx.Node):
+    if (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target._schema.is_mutable and node.args and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].op == "placeholder"):
+        return node.args[0]
+    return None
+
+
+def _out_of_place(graph: torch.fx.GraphModule, node: torch.fx.Node, mutated: torch.fx.Node) -> torch.fx.Node:
+    """The node's new value of ``mutated``, computed without writing it; erases ``node``."""
+    if node.target is aten.copy_.default:
+        value, src = node.args[1], node.args[1].meta.get("val")
+        dst = mutated.meta.get("val")
+        if not (isinstance(src, torch.Tensor) and src.dtype == dst.dtype and src.shape == dst.shape):
+            raise TrainingUnsupported(f"copy_ into input {mutated.name} that converts or broadcasts")
+    else:
+        functional = trace.out_of_place_overload(node)
+        if functional is None:
+            raise TrainingUnsupported(f"in-place op {node.target} on input {mutated.name}")
+        with graph.graph.inserting_before(node):
+            value = graph.graph.call_function(functional, node.args, node.kwargs)
+        value.meta = dict(node.meta)
+    node.replace_all_uses_with(value)
+    graph.graph.erase_node(node)
+    return value

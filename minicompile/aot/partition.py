@@ -12,6 +12,8 @@ data edges are infinite, the primals and every node that must not be recomputed 
 source, the tangent-dependent nodes off the sink. Only cheap native ops (pointwise, views,
 copies, creation) may be recomputed, in chains of at most MAX_RECOMPUTE_DEPTH ops; matmuls,
 convolutions, reductions, random ops and externs are always computed once, in the forward.
+The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go to the forward
+graph, so BatchNorm's running statistics are updated once per forward, as eager does.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import networkx as nx
 import torch
 import torch.fx
 
-from minicompile.aot.joint import JointGraph
+from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
 
 # The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
@@ -89,6 +91,7 @@ class JointView:
         self.primals, self.tangents = placeholders[:joint.num_primals], placeholders[joint.num_primals:]
         results = next(n for n in self.nodes if n.op == "output").args[0]
         self.outputs, self.grads = list(results[:joint.num_outputs]), list(results[joint.num_outputs:])
+        self.writes = [n for n in self.nodes if n.op == "call_function" and is_input_write(n)]
         self.tangent_dependent = self._descendants(self.tangents)
         self.needed = self._ancestors([g for g in self.grads if isinstance(g, torch.fx.Node)])
 
@@ -118,6 +121,9 @@ class JointView:
     def split(self, in_backward: set, report: PartitionReport) -> Partition:
         inputs = self.boundary(in_backward)
         saved_primals = [n for n in inputs if n in self.primals]
+        written = [w.args[0].name for w in self.writes if w.args[0] in saved_primals]
+        if written:
+            raise TrainingUnsupported(f"backward reads input(s) {written} that the forward writes")
         saved = [n for n in inputs if n not in self.primals]
         report.saved = [SavedValue(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype, nbytes(n))
                         for n in inputs]
@@ -128,7 +134,7 @@ class JointView:
         for g in self.grads:
             slots.append(k if isinstance(g, torch.fx.Node) else None)
             k += isinstance(g, torch.fx.Node)
-        forward = extract(self.gm, self.primals, self.outputs + saved)
+        forward = extract(self.gm, self.primals, self.outputs + saved, self.writes)
         backward = extract(self.gm, saved_primals + saved + self.tangents, grads)
         return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), len(saved),
                          tuple(slots), report)
@@ -139,14 +145,15 @@ def nbytes(node: torch.fx.Node) -> int:
     return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 8
 
 
-def extract(gm: torch.fx.GraphModule, inputs: list, outputs: list) -> torch.fx.GraphModule:
-    """A new graph: ``inputs`` become placeholders, and it computes ``outputs`` from them."""
+def extract(gm: torch.fx.GraphModule, inputs: list, outputs: list, effects: list = ()) -> torch.fx.GraphModule:
+    """A new graph: ``inputs`` become placeholders, and it computes ``outputs`` from them (and
+    runs ``effects``, nodes nothing reads: the input write-backs)."""
     graph = torch.fx.Graph()
     env = {}
     for n in inputs:
         env[n] = graph.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    needed, stack = set(), [o for o in outputs if isinstance(o, torch.fx.Node)]
+    needed, stack = set(), [o for o in [*outputs, *effects] if isinstance(o, torch.fx.Node)]
     while stack:
         n = stack.pop()
         if n not in needed and n not in env:

@@ -212,7 +212,7 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
     rewritten = []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
-        functional = _out_of_place_overload(node)
+        functional = out_of_place_overload(node)
         if functional is None:
             continue
         mutated = node.args[0]
@@ -233,11 +233,20 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
     return rewritten
 
 
-def _out_of_place_overload(node: torch.fx.Node):
+# In-place ops whose out-of-place form has another overload name. bernoulli.p fills a fresh
+# contiguous tensor (empty_like + bernoulli_, the same draws from the generator), so it stands
+# for bernoulli_ only on a contiguous tensor (dropout's empty_like of a contiguous input).
+_RENAMED_OUT_OF_PLACE = {aten.bernoulli_.float: aten.bernoulli.p}
+
+
+def out_of_place_overload(node: torch.fx.Node):
     """aten.add_.Scalar -> aten.add.Scalar for an in-place aten op; None otherwise."""
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return None
+    if target in _RENAMED_OUT_OF_PLACE:
+        self = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        return _RENAMED_OUT_OF_PLACE[target] if isinstance(self, torch.Tensor) and self.is_contiguous() else None
     name = target._schema.name.split("::")[-1]
     if not name.endswith("_") or name.startswith("_") or target.namespace != "aten":
         return None

@@ -14,6 +14,7 @@ from minicompile.decomp.registry import DECOMPOSITIONS, register_decomposition
 from minicompile.decomp import (  # noqa: F401  (imported for registration)
     activations,
     backward,
+    backward_training,
     attention,
     dropout,
     foreach,

@@ -1,4 +1,4 @@
-"""Normalisation layers in inference form: layer norm, RMS norm, batch norm (eval).
+"""Normalisation layers: layer norm, RMS norm, batch norm (eval, and train with its running statistics).
 
 All of them compute bf16/fp16 inputs in float32 like eager's kernels and cast back.
 """
@@ -66,6 +66,19 @@ def _suggested_memory_format(x) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def _channel_view(t, input, compute):
+    return aten.view.default(to_dtype(t, compute), [1, input.shape[1]] + [1] * (input.dim() - 2))
+
+
+def _in_suggested_layout(out, input):
+    """Eager's kernel allocates its output in the input's suggested memory format (contiguous or
+    channels-last), not with the strides elementwise ops would give a permuted input."""
+    layout = _suggested_memory_format(input)
+    if not out.is_contiguous(memory_format=layout):
+        out = aten.clone.default(out, memory_format=layout)
+    return to_dtype(out, input.dtype)
+
+
 def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     # Fold the per-channel statistics into one scale and shift, as eager's CPU kernel
     # does: out = x * (w / sqrt(var + eps)) + (b - mean * w / sqrt(var + eps)).
@@ -76,21 +89,49 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
     shift = aten.neg.default(aten.mul.Tensor(to_dtype(running_mean, compute), scale))
     if bias is not None:
         shift = aten.add.Tensor(shift, to_dtype(bias, compute))
-    channel_shape = [1, input.shape[1]] + [1] * (input.dim() - 2)
-    scale = aten.view.default(scale, channel_shape)
-    shift = aten.view.default(shift, channel_shape)
-    out = aten.add.Tensor(aten.mul.Tensor(upcast(input), scale), shift)
-    # Eager's kernel allocates its output in the input's suggested memory format (contiguous or
-    # channels-last), not with the strides elementwise ops would give a permuted input.
-    layout = _suggested_memory_format(input)
-    if not out.is_contiguous(memory_format=layout):
-        out = aten.clone.default(out, memory_format=layout)
+    out = aten.add.Tensor(aten.mul.Tensor(upcast(input), _channel_view(scale, input, compute)),
+                          _channel_view(shift, input, compute))
     # No statistics are saved in eval mode: eager returns two empty tensors, typed like
     # the running statistics.
     def empty():
         return aten.empty.memory_format([0], dtype=running_mean.dtype, device=input.device)
 
-    return to_dtype(out, input.dtype), empty(), empty()
+    return _in_suggested_layout(out, input), empty(), empty()
+
+
+def _batch_norm_train(input, weight, bias, running_mean, running_var, momentum, eps):
+    """Normalise by the batch's statistics (every dim but the channel one). Returns the output,
+    the saved mean and inverse std (for backward, per channel, in the compute dtype) and the new
+    running statistics, None when not tracked: ``(1 - momentum) * old + momentum * batch``, the
+    variance unbiased (n / (n - 1)), as eager's kernel updates them."""
+    compute = opmath_dtype(input.dtype)
+    channels, n = input.shape[1], input.numel() // max(input.shape[1], 1)
+    var, mean = aten.var_mean.correction(upcast(input), [0] + list(range(2, input.dim())), correction=0,
+                                         keepdim=True)
+    invstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(aten.sub.Tensor(upcast(input), mean), invstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, _channel_view(weight, input, compute))
+    if bias is not None:
+        out = aten.add.Tensor(out, _channel_view(bias, input, compute))
+    mean, invstd, var = (aten.view.default(t, [channels]) for t in (mean, invstd, var))
+    running = [None, None]
+    for k, (old, batch) in enumerate(((running_mean, mean), (running_var, aten.mul.Scalar(var, n / max(n - 1, 1))))):
+        if old is not None:
+            new = aten.add.Tensor(aten.mul.Scalar(batch, momentum), aten.mul.Scalar(to_dtype(old, compute), 1 - momentum))
+            running[k] = to_dtype(new, old.dtype)
+    return _in_suggested_layout(out, input), mean, invstd, *running
+
+
+def _batch_norm_train_in_place(input, weight, bias, running_mean, running_var, momentum, eps):
+    """The ops that update the running statistics in place: the update is a ``copy_`` into them,
+    which the trace functionalizes (an input write-back, aot/trace.py and aot/joint.py)."""
+    out, mean, invstd, new_mean, new_var = _batch_norm_train(input, weight, bias, running_mean, running_var,
+                                                             momentum, eps)
+    for old, new in ((running_mean, new_mean), (running_var, new_var)):
+        if old is not None:
+            aten.copy_.default(old, new)
+    return out, mean, invstd
 
 
 @register_decomposition(aten._native_batch_norm_legit_no_training.default)
@@ -101,7 +142,7 @@ def native_batch_norm_legit_no_training(input, weight, bias, running_mean, runni
 @register_decomposition(aten._native_batch_norm_legit.default)
 def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
     if training:
-        return NotImplemented  # updates running stats: left as an extern call
+        return _batch_norm_train_in_place(input, weight, bias, running_mean, running_var, momentum, eps)
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
 
 
@@ -110,13 +151,15 @@ def native_batch_norm_legit_functional(input, weight, bias, running_mean, runnin
     """What functionalization turns _native_batch_norm_legit into: the running stats come
     back as outputs (unchanged in eval) instead of being updated in place."""
     if training:
-        return NotImplemented
+        return _batch_norm_train(input, weight, bias, running_mean, running_var, momentum, eps)
     out, save_mean, save_rstd = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
     return out, save_mean, save_rstd, aten.clone.default(running_mean), aten.clone.default(running_var)
 
 
 @register_decomposition(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    if training or running_mean is None or running_var is None:
-        return NotImplemented  # batch statistics / running-stat updates: extern call
+    if training:
+        return _batch_norm_train_in_place(input, weight, bias, running_mean, running_var, momentum, eps)
+    if running_mean is None or running_var is None:
+        return NotImplemented  # eval mode without statistics: eager raises, let it
     return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import networkx as nx
+import torch
 
 from minicompile.config import config
 from minicompile.ir.graph import LoopGraph
@@ -129,6 +130,9 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
             deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
+    random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
+    for before, after in zip(random, random[1:]):
+        deps[after].add(before)
     ancestors = {}
     for b in buffers:
         anc = set(deps[b.name])
@@ -244,6 +248,11 @@ def _group_order(groups, group_of, deps):
                 graph.add_edge(a, b)
     assert nx.is_directed_acyclic_graph(graph), "fusion created a cycle"
     return [groups[i] for i in nx.lexicographical_topological_sort(graph)]
+
+
+def _is_random(buffer) -> bool:
+    op = getattr(buffer, "op", None)
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
 
 
 def _build_stages(kernel: FusedKernel, deps):

@@ -1,0 +1,149 @@
+"""Whole models trained through torch.compile(backend="minicompile"), compared with eager.
+
+A small CNN (convolutions, BatchNorm in train mode, ReLU, pooling, a residual) and HF GPT-2,
+BERT and Llama from tiny configs (random init, 2 layers, hidden 64, vocab 100, seq 16; HF's
+default dropout probabilities, so GPT-2 and BERT train with dropout 0.1). Each trains 3
+SGD-with-momentum steps and then takes one AdamW step from the same parameters (a fresh
+optimizer on both sides), compiled and eagerly from the same RNG seed. After every step the
+loss, every parameter's gradient, every parameter and every buffer (BatchNorm's running
+statistics and num_batches_tracked) match eager within TOL (float32). Every graph Dynamo hands
+the backend must be a compiled TrainingGraph whose forward and backward both ran each step:
+nothing runs eagerly (the conftest sets MINICOMPILE_FALLBACK=0, and a graph the training
+runtime refuses would come back as the captured graph's forward, not a TrainingGraph).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minicompile.aot.runtime import TrainingGraph
+from minicompile.backend import minicompile_backend
+from tests.helpers import assert_matches_eager
+
+TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
+ADAMW_LR = 1e-3
+# Adam divides each gradient by its own magnitude: where eager's gradient is float noise around
+# zero (the key projection's bias: softmax is shift invariant) the update is lr-sized with a
+# random sign. Parameters whose eager gradient is below NOISE_GRAD may differ by up to 2 * lr.
+NOISE_GRAD = 1e-6
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x, y):
+        h = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        h = F.relu(h + self.bn2(self.conv2(h)))
+        return F.cross_entropy(self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1)), y)
+
+
+def _hf(name):
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    small = dict(vocab_size=100)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32, **small)
+        model = transformers.GPT2LMHeadModel(config)
+    elif name == "bert":
+        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                         intermediate_size=128, max_position_embeddings=32, **small)
+        model = transformers.BertForMaskedLM(config)
+    else:
+        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=32,
+                                          **small)
+        model = transformers.LlamaForCausalLM(config)
+    return HFLoss(model)
+
+
+class HFLoss(nn.Module):
+    """The HF model's own language-modelling loss (labels = the input ids)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, labels):
+        return self.model(input_ids=ids, labels=labels).loss
+
+
+MODELS = {
+    "cnn": (CNN, lambda: (torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,)))),
+    "hf_gpt2": (lambda: _hf("gpt2"), lambda: (torch.randint(0, 100, (2, 16)),) * 2),
+    "hf_bert": (lambda: _hf("bert"), lambda: (torch.randint(0, 100, (2, 16)),) * 2),
+    "hf_llama": (lambda: _hf("llama"), lambda: (torch.randint(0, 100, (2, 16)),) * 2),
+}
+
+
+class Recorder:
+    """A backend that keeps what minicompile_backend returned for each graph."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(minicompile_backend(gm, example_inputs))
+        return self.graphs[-1]
+
+
+def _step(model, loss_fn, opt, inputs, seed):
+    opt.zero_grad()
+    torch.manual_seed(seed)                  # the same dropout masks, compiled and eager
+    loss = loss_fn(*inputs)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.step()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return loss.detach(), grads, params, {n: b.clone() for n, b in model.named_buffers()}
+
+
+def _train(model, loss_fn, inputs):
+    """3 SGD-with-momentum steps, then one AdamW step from where they left the parameters."""
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    history = [_step(model, loss_fn, sgd, inputs, seed) for seed in range(3)]
+    adamw = torch.optim.AdamW(model.parameters(), lr=ADAMW_LR)
+    return history + [_step(model, loss_fn, adamw, inputs, 3)]
+
+
+def _assert_adamw_step_matches(got, want):
+    """Parameters with a gradient above float noise match within TOL; the rest within 2 lr (each
+    side moves them by at most lr, plus the weight decay, which is the same on both)."""
+    (loss, grads, state, buffers), (ref_loss, ref_grads, ref_state, ref_buffers) = got, want
+    assert_matches_eager((loss, grads, buffers), (ref_loss, ref_grads, ref_buffers), **TOL)
+    for name, g in ref_grads.items():
+        noise = g.abs() < NOISE_GRAD
+        assert_matches_eager(state[name][~noise], ref_state[name][~noise], **TOL)
+        assert torch.all((state[name][noise] - ref_state[name][noise]).abs() <= 2 * ADAMW_LR), name
+    assert_matches_eager({n: t for n, t in state.items() if n not in grads},
+                         {n: t for n, t in ref_state.items() if n not in grads}, **TOL)   # no gradient
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_trains_like_eager_with_every_graph_compiled(name, caplog, fresh_dynamo):
+    make_model, make_data = MODELS[name]
+    torch.manual_seed(0)
+    model, inputs = make_model(), make_data()
+    model.train()
+    reference = copy.deepcopy(model)
+    rec = Recorder()
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        got = _train(model, torch.compile(model, backend=rec), inputs)
+    want = _train(reference, reference, inputs)
+    for k in range(3):
+        assert_matches_eager(got[k], want[k], **TOL)
+    _assert_adamw_step_matches(got[3], want[3])
+    assert "runs eagerly" not in caplog.text, caplog.text
+    assert rec.graphs and all(isinstance(g, TrainingGraph) for g in rec.graphs), rec.graphs
+    for graph in rec.graphs:
+        assert graph.forward_calls == graph.backward_calls == 4
+        assert graph.backward is not graph.partition.backward    # the backward was compiled too

@@ -24,8 +24,10 @@ import torch.nn.functional as F
 
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import minicompile_backend
+from minicompile.decomp import DECOMPOSITIONS
 from tests.helpers import assert_matches_eager
 
+aten = torch.ops.aten
 TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
 ADAMW_LR = 1e-3
 # Adam divides each gradient by its own magnitude: where eager's gradient is float noise around
@@ -147,3 +149,78 @@ def test_model_trains_like_eager_with_every_graph_compiled(name, caplog, fresh_d
     for graph in rec.graphs:
         assert graph.forward_calls == graph.backward_calls == 4
         assert graph.backward is not graph.partition.backward    # the backward was compiled too
+    externs = _externs(rec.graphs)     # batch norm and the backward ops of slicing and the loss fuse
+    assert "mm" in externs and not externs & set(DECOMPOSED), externs
+
+
+# -- the backward ops these models produce, decomposed into core ops --------------------------------
+
+# Backward ops that must reach the compiled graphs as core ops, not extern calls.
+DECOMPOSED = ("native_batch_norm", "_native_batch_norm_legit", "nll_loss_backward", "nll_loss2d_backward",
+              "slice_backward", "select_backward")
+
+
+def _externs(graphs) -> set:
+    """The names of the ops the compiled halves run as extern calls ("mm", "convolution_backward")."""
+    return {str(e.op).split("::")[-1].split(".")[0] for g in graphs for half in (g.forward, g.backward) for e in half.externs}
+
+
+def _decomposed(op, *args):
+    return DECOMPOSITIONS[op](*args)
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("shape,affine", [((4, 3, 5, 5), True), ((6, 3), False)])
+def test_batch_norm_forward_and_backward_decompositions(shape, affine, train):
+    torch.manual_seed(0)
+    x, dy = torch.randn(shape), torch.randn(shape)
+    w, b = (torch.randn(3), torch.randn(3)) if affine else (None, None)
+    stats = [torch.randn(3), torch.rand(3) + 0.5]
+    eager_stats, our_stats = [s.clone() for s in stats], [s.clone() for s in stats]
+    want = aten.native_batch_norm.default(x, w, b, *eager_stats, train, 0.1, 1e-5)
+    got = _decomposed(aten.native_batch_norm.default, x, w, b, *our_stats, train, 0.1, 1e-5)
+    assert_matches_eager((got, our_stats), (want, eager_stats), **TOL)   # running stats updated in place
+    args = (dy, x, w, *stats, want[1], want[2], train, 1e-5, [True, affine, affine])
+    assert_matches_eager(_decomposed(aten.native_batch_norm_backward.default, *args),
+                         aten.native_batch_norm_backward.default(*args), **TOL)
+
+
+@pytest.mark.parametrize("op,args", [
+    (aten.slice_backward.default, (torch.randn(5, 4), [5, 7], 1, -4, 100, 1)),
+    (aten.slice_backward.default, (torch.randn(2, 7), [5, 7], 0, 1, 3, 1)),
+    (aten.select_backward.default, (torch.randn(7), [5, 7], 0, -1)),
+    (aten.select_backward.default, (torch.randn(5), [5, 7], -1, 2)),
+])
+def test_slice_and_select_backward_decompositions(op, args):
+    assert_matches_eager(_decomposed(op, *args), op(*args))
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+@pytest.mark.parametrize("shape", [(6, 5), (5,), (2, 5, 3, 3)])
+def test_nll_loss_backward_decomposition(shape, reduction):
+    torch.manual_seed(0)
+    logp = torch.randn(shape).log_softmax(1 if len(shape) > 1 else 0)
+    target = torch.randint(0, 5, shape[:1] + shape[2:]) if len(shape) > 1 else torch.tensor(3)
+    if len(shape) > 1:
+        target.view(-1)[0] = -100                        # an ignored position
+    forward = aten.nll_loss_forward.default if len(shape) < 3 else aten.nll_loss2d_forward.default
+    backward = aten.nll_loss_backward.default if len(shape) < 3 else aten.nll_loss2d_backward.default
+    loss, total_weight = forward(logp, target, None, reduction, -100)
+    args = (torch.randn(loss.shape), logp, target, None, reduction, -100, total_weight)
+    assert_matches_eager(_decomposed(backward, *args), backward(*args))
+
+
+def test_random_ops_draw_in_eager_order(fresh_dynamo):
+    """Random extern calls keep their program order in the schedule (scheduler/fusion.py), even
+    where a later kernel reads both: the same seed gives eager's samples."""
+    def f(x):
+        a = torch.sigmoid(x)
+        r1 = torch.bernoulli(a)
+        r2 = torch.bernoulli(torch.sigmoid(x * 2))
+        return r1, a + r2, F.dropout(x, 0.5, training=True)
+
+    x = torch.randn(64)
+    torch.manual_seed(0)
+    got = torch.compile(f, backend=minicompile_backend)(x)
+    torch.manual_seed(0)
+    assert_matches_eager(got, f(x))

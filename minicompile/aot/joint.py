@@ -200,7 +200,7 @@ def _out_of_place(graph: torch.fx.GraphModule, node: torch.fx.Node, mutated: tor
         if functional is None:
             raise TrainingUnsupported(f"in-place op {node.target} on input {mutated.name}")
         with graph.graph.inserting_before(node):
-            value = graph.graph.call_function(functional, node.args, node.kwargs)
+            value = graph.graph.call_function(functional, trace.positional_args(node), node.kwargs)
         value.meta = dict(node.meta)
     node.replace_all_uses_with(value)
     graph.graph.erase_node(node)

@@ -220,7 +220,7 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
             continue
         later_readers = [u for u in mutated.users if u is not node and order[u] > order[node]]
         with gm.graph.inserting_before(node):
-            replacement = gm.graph.call_function(functional, node.args, node.kwargs)
+            replacement = gm.graph.call_function(functional, positional_args(node), node.kwargs)
         replacement.meta = dict(node.meta)
         order[replacement] = order[node]
         node.replace_all_uses_with(replacement)
@@ -237,6 +237,17 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
 # contiguous tensor (empty_like + bernoulli_, the same draws from the generator), so it stands
 # for bernoulli_ only on a contiguous tensor (dropout's empty_like of a contiguous input).
 _RENAMED_OUT_OF_PLACE = {aten.bernoulli_.float: aten.bernoulli.p}
+
+
+def positional_args(node: torch.fx.Node) -> tuple:
+    """The node's positional arguments with the defaults FX left out (bernoulli_'s p=0.5 is a
+    default there, but a required argument of bernoulli.p)."""
+    args = list(node.args)
+    for a in [a for a in node.target._schema.arguments if not a.kwarg_only][len(args):]:
+        if a.name in node.kwargs or not a.has_default_value():
+            break
+        args.append(a.default_value)
+    return tuple(args)
 
 
 def out_of_place_overload(node: torch.fx.Node):

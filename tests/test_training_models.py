@@ -195,6 +195,14 @@ def test_slice_and_select_backward_decompositions(op, args):
     assert_matches_eager(_decomposed(op, *args), op(*args))
 
 
+def test_native_dropout_backward_decomposition():
+    torch.manual_seed(0)
+    out, mask = aten.native_dropout.default(torch.randn(6, 5), 0.3, True)
+    args = (torch.randn(6, 5), mask, 1 / 0.7)
+    assert_matches_eager(_decomposed(aten.native_dropout_backward.default, *args),
+                         aten.native_dropout_backward.default(*args))
+
+
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 @pytest.mark.parametrize("shape", [(6, 5), (5,), (2, 5, 3, 3)])
 def test_nll_loss_backward_decomposition(shape, reduction):
@@ -224,3 +232,21 @@ def test_random_ops_draw_in_eager_order(fresh_dynamo):
     got = torch.compile(f, backend=minicompile_backend)(x)
     torch.manual_seed(0)
     assert_matches_eager(got, f(x))
+
+
+def test_fused_dropout_trains_with_the_forward_mask(fresh_dynamo):
+    """native_dropout (what F.dropout is on CUDA) stays one extern call in the forward; its
+    backward (decomposed) reads the mask the forward drew."""
+    def f(x, w):
+        return (torch.native_dropout(torch.tanh(x @ w), 0.4, True)[0] ** 2).sum()
+
+    x, w = torch.randn(8, 6), torch.randn(6, 5)
+    rec, results = Recorder(), []
+    for fn in (torch.compile(f, backend=rec), f):
+        leaf = w.clone().requires_grad_()
+        torch.manual_seed(0)
+        loss = fn(x, leaf)
+        results.append((loss, torch.autograd.grad(loss, leaf)))
+    assert_matches_eager(results[0], results[1], **TOL)
+    assert len(rec.graphs) == 1 and isinstance(rec.graphs[0], TrainingGraph)
+    assert "native_dropout_backward" not in _externs(rec.graphs)

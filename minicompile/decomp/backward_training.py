@@ -1,8 +1,8 @@
 """Backward ops of whole models in training (CNNs with BatchNorm, HF GPT-2 / BERT / Llama).
 
 Autograd emits these into the joint trace (aot/joint.py): batch norm's backward, the
-gradients of slicing and selecting (a zero-padded gradient), and nll_loss's (the loss of
-cross_entropy). Each is written in core ops so it fuses with its neighbours; what is left
+gradients of slicing and selecting (a zero-padded gradient), nll_loss's (the loss of
+cross_entropy) and the fused dropout's. Each is written in core ops so it fuses with its neighbours; what is left
 an extern on purpose: ``embedding_dense_backward`` (a scatter-add of rows, which a generated
 loop cannot do without atomics) and the fused attention kernels' backward.
 """
@@ -97,3 +97,10 @@ def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index
     elif reduction == REDUCTION_MEAN:
         grad = aten.div.Tensor(grad, upcast(total_weight))
     return to_dtype(where_scalar(hit, grad, 0), self.dtype)
+
+
+@register_decomposition(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+    """The fused dropout's backward (CUDA's F.dropout): the forward's mask, never a new one."""
+    grad = aten.mul.Scalar(aten.mul.Tensor(upcast(grad_output), to_dtype(mask, opmath_dtype(grad_output.dtype))), scale)
+    return to_dtype(grad, grad_output.dtype)

@@ -139,6 +139,7 @@ def samples(dtype: torch.dtype) -> list[Sample]:
         layer_norm_backward("layer_norm_backward_2d_input_only", T(3, 4, 5), [4, 5], None, None, [True, False, False]),
     ]
     out += foreach_samples(dtype)
+    out += model_backward_samples(dtype)
     if not bf:
         out += [
             sample("addmm_int", aten.addmm.default, (torch.randint(-5, 5, (3, 5)), torch.randint(-5, 5, (3, 4)), torch.randint(-5, 5, (4, 5)))),
@@ -157,6 +158,30 @@ def layer_norm_backward(name: str, x, shape, weight, bias, mask) -> Sample:
     _, mean, rstd = aten.native_layer_norm.default(x, shape, weight, bias, 1e-5)
     args = (torch.randn(x.shape).to(x.dtype), x, shape, mean, rstd, weight, bias, mask)
     return sample(name, aten.native_layer_norm_backward.default, args)
+
+
+def model_backward_samples(dtype: torch.dtype) -> list[Sample]:
+    """The backward ops of decomp/backward_training.py (batch norm, slicing, nll_loss, fused dropout)."""
+    T = lambda *s, **kw: tensor(*s, dtype=dtype, **kw)  # noqa: E731
+    x, w, stats = T(4, 3, 5), T(3), [T(3), T(3, low=0.5, high=1.5)]
+    _, mean, invstd = aten.native_batch_norm.default(x, w, T(3), *[s.clone() for s in stats], True, 0.1, 1e-5)
+    logp, target = T(4, 5).log_softmax(1), torch.tensor([1, -100, 4, 0])
+    logp2d, target2d = T(2, 5, 3, 1).log_softmax(1), torch.tensor([[[1], [2], [-100]], [[4], [0], [3]]])
+    _, mask = aten.native_dropout.default(T(3, 4), 0.3, True)
+    return [
+        sample("batch_norm_backward_train", aten.native_batch_norm_backward.default,
+               (T(4, 3, 5), x, w, *stats, mean, invstd, True, 1e-5, [True, True, True])),
+        sample("batch_norm_backward_eval_noaffine", aten.native_batch_norm_backward.default,
+               (T(4, 3), T(4, 3, noncontig=True), None, *stats, None, None, False, 1e-5, [True, False, False])),
+        sample("slice_backward", aten.slice_backward.default, (T(5, 4), [5, 7], 1, -4, 100, 1)),
+        sample("select_backward", aten.select_backward.default, (T(7), [5, 7], 0, -1)),
+        sample("nll_loss_backward_mean", aten.nll_loss_backward.default,
+               (T(()), logp, target, None, 1, -100, torch.tensor(3.0, dtype=dtype))),
+        sample("nll_loss_backward_none", aten.nll_loss_backward.default, (T(4), logp, target, None, 0, -100, T(()))),
+        sample("nll_loss2d_backward_sum", aten.nll_loss2d_backward.default,
+               (T(()), logp2d, target2d, None, 2, -100, torch.tensor(5.0, dtype=dtype))),
+        sample("native_dropout_backward", aten.native_dropout_backward.default, (T(3, 4), mask, 1 / 0.7)),
+    ]
 
 
 def foreach_samples(dtype: torch.dtype) -> list[Sample]:

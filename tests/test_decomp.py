@@ -88,7 +88,13 @@ def test_register_decomposition_rejects_packets_and_duplicates():
         register_decomposition(aten.addmm.default)(lambda *a: None)
 
 
-def test_training_batch_norm_is_left_alone():
-    x, rm, rv = torch.randn(2, 3), torch.zeros(3), torch.ones(3)
-    assert DECOMPOSITIONS[aten.native_batch_norm.default](x, None, None, rm, rv, True, 0.1, 1e-5) is NotImplemented
+def test_training_batch_norm_updates_running_stats_and_dropout_is_left_alone():
+    """Training batch norm decomposes, writing the running statistics in place as eager does;
+    a random op (training dropout) stays the eager op, so it draws from torch's generator."""
+    x, stats = torch.randn(2, 3), [torch.zeros(3), torch.ones(3)]
+    ours, eager = [s.clone() for s in stats], [s.clone() for s in stats]
+    got = DECOMPOSITIONS[aten.native_batch_norm.default](x, None, None, *ours, True, 0.1, 1e-5)
+    want = aten.native_batch_norm.default(x, None, None, *eager, True, 0.1, 1e-5)
+    torch.testing.assert_close((got, ours), (want, eager))
+    assert not torch.equal(ours[0], stats[0])
     assert DECOMPOSITIONS[aten.native_dropout.default](x, 0.5, True) is NotImplemented

@@ -24,6 +24,8 @@ COLUMN_CASES = {   # name: (fn, input shapes) - sums over rows, one result per c
     "fused_pointwise": (lambda a, b: (a * b).sum(0), [(64, 128), (64, 128)]),
     "two_sums_3d": (lambda g, x: ((g * x).sum((0, 1)), g.sum((0, 1))), [(4, 16, 64), (4, 16, 64)]),
     "keepdim_prod": (lambda g: (g.sigmoid() + 0.5).prod(0, keepdim=True), [(24, 80)]),
+    # LayerNorm's weight gradient: a per-row mean and scale, loaded once per row
+    "per_row_values": (lambda g, x, m, s: (g * ((x - m) * s)).sum(0), [(64, 128), (64, 128), (64, 1), (64, 1)]),
 }
 
 

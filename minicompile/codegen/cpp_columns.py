@@ -29,8 +29,9 @@ COLUMN_KINDS = ("sum", "prod", "any", "all")   # reductions whose combine is one
 def column_var(ck):
     """The kernel's single outer variable when ``ck`` (a CppKernel) renders a column reduction:
     one loop stage of plain reductions, no row scratch, static sizes, and every index that
-    moves with the innermost reduced variable strides over whole rows while some read steps
-    through adjacent elements with the column. None otherwise."""
+    moves with both the column and the innermost reduced variable strides over whole rows
+    while some read steps through adjacent elements with the column (a per-row value, such as
+    LayerNorm's mean in its weight gradient, is loaded once per row). None otherwise."""
     k = ck.k
     if not (ck.static and k.is_reduction and not ck.inner_parallel and len(k.stages) == 1
             and k.stages[0].kind == "loop" and not k.scratch and len(k.outer_vars) == 1 and k.inner_vars):
@@ -41,8 +42,8 @@ def column_var(ck):
     indices = [i for n in k.nodes for i in [read.index for read in k.reads(n)]
                + ([] if isinstance(n.data, Reduction) else [k.store_index(n)])]
     strides = [(i.coefficient(x), i.coefficient(r)) for i in indices]
-    if any(sx is None or sr is None or abs(sr) == 1 for sx, sr in strides):
-        return None
+    if any(sx is None or sr is None or (sx != 0 and abs(sr) == 1) for sx, sr in strides):
+        return None   # (a per-row value, sx == 0, is loaded once per row: see render_columns)
     return x if any(sx == 1 and abs(sr) > 1 for sx, sr in strides) else None
 
 
@@ -58,8 +59,8 @@ def render_columns(ck, x, nest) -> list:
     columns = ["#pragma omp simd", f"for (int64_t {x.name} = {block}; {x.name} < {end}; ++{x.name})"]
     accs = {n.name: (f"acc{next(ck.counter)}", ck.acc_dtype(n)) for n in reds}
     lanes = {name: (f"{acc}[{x.name} - {block}]", dt) for name, (acc, dt) in accs.items()}
-    body, known = [], {}
-    ops = ck._ops(known, body, invariant=set())
+    body, per_row, known = [], [], {}
+    ops = ck._ops(known, body, invariant=set(), before_loop=per_row, loop_vars={x})
     for n in stage.nodes:
         value = ck.evaluate(ops, n)
         if isinstance(n.data, Reduction):
@@ -69,7 +70,8 @@ def render_columns(ck, x, nest) -> list:
     init = [f"{lanes[n.name][0]} = {ck.identity(n.data.reduction_type, lanes[n.name][1])};" for n in reds]
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
     out = [f"{CTYPE[dt]} {acc}[{width}];" for acc, dt in accs.values()]
-    out += nest([columns], init) + nest(rows + [columns], body) + nest([columns], ck._reduction_results(reds, lanes, {}))
+    out += nest([columns], init) + nest(rows, per_row + nest([columns], body))
+    out += nest([columns], ck._reduction_results(reds, lanes, {}))
     parallel = ["#pragma omp parallel for"] if ck.work >= config.parallel_threshold and n_cols > width else []
     blocks = parallel + [f"for (int64_t {block} = 0; {block} < {n_cols}; {block} += {width})"]
     return (ck.hoisted or []) + nest([blocks], out)

@@ -2,6 +2,7 @@
 
     minicompile inspect TARGET [--stages ...] [--out DIR] [--frontend dynamo|minicompile]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
+    minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile cache info | clear
 
 Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Test-only sizes: "tiny" runs in seconds; not advertised.
     bench.add_argument("--size", choices=["full", "quick", "tiny"], help=argparse.SUPPRESS)
     bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor column")
+    bench.add_argument("--train", action="store_true",
+                       help="time training steps (forward + backward) of the training workloads instead, with "
+                            "cold compile times and bytes saved for backward (docs/training.md)")
 
     cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
@@ -84,6 +88,14 @@ def _inspect(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.train:
+        if args.device != "cpu" or args.plot:
+            print("minicompile bench --train: CPU only, no --plot", file=sys.stderr)
+            return 2
+        from minicompile.tools import bench_train
+        size = args.size or ("quick" if args.quick else "full")
+        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_train.TRAIN_WORKLOADS)
+        return bench_train.run_train_bench(names, size, bench_train.REPS[size], not args.no_inductor, args.json)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

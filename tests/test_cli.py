@@ -237,6 +237,25 @@ def test_bench_tiny_workload_prints_all_columns_and_json(tmp_path):
     assert r["copy_bytes_per_s"] > 0
 
 
+def test_bench_train_tiny_prints_steps_saved_bytes_and_json(tmp_path):
+    # minicompile vs eager only, as above; the CNN's BatchNorm in train mode may run eagerly, and
+    # the table must then say so rather than report eager's time as minicompile's.
+    out = tmp_path / "train.json"
+    proc = run_cli("bench", "--train", "--workloads", "mlp,cnn", "--size", "tiny", "--no-inductor",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for column in ("eager ms", "minicompile ms", "mc / eager", "compile s mc", "saved KiB eager / mc"):
+        assert column in proc.stdout
+    results = {r["workload"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"mlp", "cnn"}
+    for name, r in results.items():
+        assert r["minicompile"]["max_diff"] < 1e-5 and r["minicompile"]["compile_s"] > 0
+        assert r["eager"]["saved"] > 0 and r["minicompile"]["saved"] > 0
+        row = next(line for line in proc.stdout.splitlines() if line.startswith(name + " "))
+        assert ("(eager graphs)" in row) == bool(r["eager_graphs"]), row
+    assert results["mlp"]["eager_graphs"] == []
+
+
 def test_bench_cuda_without_gpu_exits_cleanly():
     import torch
     if torch.cuda.is_available():

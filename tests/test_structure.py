@@ -36,7 +36,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
 # Training whole models (BatchNorm's running statistics written back, dropout, the batch-norm,
 # slice/select and nll_loss backward decompositions, 236 lines) came next: 12,772.
-CORE_LINE_BUDGET = 12_800
+# Backward-shaped CPU kernels (column reductions with interchanged loops, per-row loads moved
+# out of loops, ~110 lines) came next.
+CORE_LINE_BUDGET = 12_900
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from minicompile.codegen.cpp_columns import column_var, render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
@@ -64,13 +65,20 @@ class CppOps:
     hoisted: list | None = None
     read_only: set = field(default_factory=set)
     outside: set = field(default_factory=set)
+    # In a loop stage: loads of a read-only buffer at an index without the loop's variables (a
+    # per-row value, such as var_mean's shift x[row, 0]) go to ``before_loop``, once per row.
+    # Left in the loop, g++ must assume a store may change them and leaves the loop scalar
+    # (LayerNorm + erf-GELU: 3.5 ms against 0.3 ms vectorised).
+    before_loop: list | None = None
+    loop_vars: set = field(default_factory=set)
 
-    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False) -> CV:
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
         name = f"tmp{next(self.counter)}"
-        (self.hoisted if hoist else self.lines).append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
+        target = self.hoisted if hoist else self.before_loop if per_row else self.lines
+        target.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
         value = CV(name, ctype_dtype)
         self.cse[key] = value
         if hoist:
@@ -96,7 +104,9 @@ class CppOps:
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
         hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
-        return self._tmp(compute_dtype(dtype), raw, hoist)
+        per_row = (not hoist and self.before_loop is not None and ptr in self.read_only
+                   and not atoms_of(index) & self.loop_vars)
+        return self._tmp(compute_dtype(dtype), raw, hoist, per_row)
 
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
@@ -213,6 +223,9 @@ class CppKernel(KernelRenderer):
         k = self.k
         if k.outer_numel == 0:
             return ["// empty output: nothing to compute"]
+        column = column_var(self)
+        if column is not None:   # a reduction over rows, one result per column (cpp_columns.py)
+            return render_columns(self, column, _nest)
         body = self._point_body()
         hoisted = self.hoisted or []
         dims = list(zip(k.outer_vars, k.outer_ranges))
@@ -326,9 +339,10 @@ class CppKernel(KernelRenderer):
         reds = reductions_of(stage.nodes)
         accs = {n.name: (f"acc{next(self.counter)}", self.acc_dtype(n)) for n in reds}
         pre, post = self._accumulators(reds, accs)
-        inner_lines = []
+        inner_lines, before_loop = [], []
         loop_known = dict(known)
-        ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()})
+        ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()},
+                        before_loop=before_loop, loop_vars=set(self.k.inner_vars))
         for n in stage.nodes:
             value = self.evaluate(ops, n)
             if isinstance(n.data, Reduction):
@@ -336,6 +350,7 @@ class CppKernel(KernelRenderer):
             else:
                 self.store_or_keep(ops, n, value, loop_known)
         post += self._reduction_results(reds, accs, known)
+        pre += before_loop
         if self.inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
         headers = []

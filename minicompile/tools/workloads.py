@@ -107,3 +107,81 @@ WORKLOADS = {w.name: w for w in [
               "tiny": dict(b=1, t=8, c=16, heads=2)},
              _block, None),
 ]}
+
+
+# ---------------------------------------------------------------- training workloads
+
+class DeepMLP(nn.Module):
+    """Three Linear layers with ReLU and tanh: the training benchmark's MLP."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(F.relu(self.fc1(x)))))
+
+
+class LayerNormSoftmax(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc, self.ln, self.out = nn.Linear(width, width), nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return F.softmax(self.out(F.gelu(self.ln(self.fc(x)))), dim=-1)
+
+
+class SmallCNN(nn.Module):
+    """Conv + BatchNorm (train mode: batch statistics, running statistics updated) + ReLU, max
+    pooling, a residual pair of convolutions, global average pooling and a Linear head."""
+
+    def __init__(self, channels, classes=10):
+        super().__init__()
+        c = channels
+        self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn0(self.stem(x))), 2)
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        x = F.relu(x + y)
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+@dataclass
+class TrainWorkload:
+    """A model in train mode and the shape of its input; sizes as for WORKLOADS."""
+    name: str
+    describe: Callable[[dict], str]
+    sizes: dict                         # size name -> its parameters; "shape" is the input's
+    build: Callable[[dict], nn.Module]  # (a size's parameters) -> the model
+
+
+TRAIN_WORKLOADS = {w.name: w for w in [
+    TrainWorkload("mlp", lambda s: f"3 x Linear({s['width']}), relu, tanh; x {_dims(s['shape'])}",
+                  {"full": dict(width=1024, shape=(256, 1024)), "quick": dict(width=512, shape=(128, 512)),
+                   "tiny": dict(width=16, shape=(4, 16))}, lambda s: DeepMLP(s["width"])),
+    TrainWorkload("gpt2_block", lambda s: "B{} T{} C{}, {} heads (attention written out)".format(*s["shape"], s["heads"]),
+                  {"full": dict(c=256, heads=4, shape=(4, 128, 256)), "quick": dict(c=128, heads=4, shape=(2, 64, 128)),
+                   "tiny": dict(c=16, heads=2, shape=(1, 8, 16))},
+                  lambda s: Block(s["c"], heads=s["heads"], seq=s["shape"][1])),
+    TrainWorkload("layernorm_softmax", lambda s: f"Linear, LayerNorm, GELU, Linear, softmax; x {_dims(s['shape'])}",
+                  {"full": dict(width=1024, shape=(256, 1024)), "quick": dict(width=512, shape=(128, 512)),
+                   "tiny": dict(width=16, shape=(4, 16))}, lambda s: LayerNormSoftmax(s["width"])),
+    TrainWorkload("cnn", lambda s: f"conv+BN(train)+relu, maxpool, residual convs, avgpool, Linear; "
+                                   f"C{s['channels']}, x {_dims(s['shape'])}",
+                  {"full": dict(channels=32, shape=(32, 3, 32, 32)), "quick": dict(channels=16, shape=(16, 3, 32, 32)),
+                   "tiny": dict(channels=4, shape=(2, 3, 8, 8))}, lambda s: SmallCNN(s["channels"])),
+]}
+
+
+def _dims(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def build_train(name: str, size: str) -> tuple[nn.Module, tuple]:
+    """The training workload ``name`` (in train mode) and its input's shape."""
+    params = TRAIN_WORKLOADS[name].sizes[size]
+    return TRAIN_WORKLOADS[name].build(params).train(), params["shape"]

@@ -34,7 +34,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # above that: lower it as code is removed, never raise it by habit. Symbolic sizes (~250 lines) and
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
-CORE_LINE_BUDGET = 12_600
+# Horizontal C++ kernel groups (one call and one parallel region for independent kernels, the
+# optimizer step's fix; codegen/cpp_groups.py and the wrapper's group calls) added ~130: 12,666.
+CORE_LINE_BUDGET = 12_700
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -5,7 +5,9 @@ kernels' argument names) writes a module that defines ``make(lib, externs, const
 where ``call(args)`` runs the graph. It imports torch and the host buffer pool (the runtime
 hands it the kernel library), allocates outputs with eager's strides (large CPU buffers from
 the pool, chosen when the wrapper is generated), and hands a dead intermediate's memory to
-the next buffer of the same size and dtype.
+the next buffer of the same size and dtype. A horizontal group of C++ kernels
+(codegen/cpp_groups.py) is one call, made where its last kernel was; its kernels' buffers are
+allocated at their own steps and none is handed on before that call.
 
 With symbolic sizes the wrapper binds each symbol at call time (``s77 = arg1.size(0)``, or
 the int input Dynamo passes), sizes its buffers with expressions over the symbols, and

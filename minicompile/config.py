@@ -53,6 +53,9 @@ class Config:
     fallback_on_error: bool = _env("MINICOMPILE_FALLBACK", True, bool)
     # Smallest loop (in elements) worth running on several OpenMP threads.
     parallel_threshold: int = _env("MINICOMPILE_PARALLEL_THRESHOLD", 32768, int)
+    # C++: consecutive independent pointwise kernels run as one call with one OpenMP parallel
+    # region and no barrier between them (codegen/cpp_groups.py; docs/optimizer.md).
+    horizontal_groups: bool = _env("MINICOMPILE_HORIZONTAL", True, bool)
     # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
     # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
     triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)

@@ -131,7 +131,7 @@ def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModu
 
 def _generate(backend, loops: LoopGraph, plan: Schedule) -> Code:
     kernels = backend.generate(loops, plan)
-    wrapper = WrapperCode(loops, plan, kernels.kernel_args)
+    wrapper = WrapperCode(loops, plan, kernels.kernel_args, kernels.groups)
     return Code(kernels, wrapper.generate(), wrapper.externs)
 
 

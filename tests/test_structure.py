@@ -38,7 +38,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # slice/select and nll_loss backward decompositions, 236 lines) came next: 12,772.
 # Backward-shaped CPU kernels (column reductions with interchanged loops, per-row loads moved
 # out of loops, ~110 lines) came next.
-CORE_LINE_BUDGET = 12_900
+# Horizontal C++ kernel groups (one call and one parallel region for independent kernels, the
+# optimizer step's fix; codegen/cpp_groups.py and the wrapper's group calls) added ~130.
+CORE_LINE_BUDGET = 13_050
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,6 +38,9 @@ class GeneratedKernels:
     kernel_args: dict        # kernel name -> argument names in call order (pointers or tensors)
     language: str            # "cpp" | "python": syntax highlighting and file suffixes
     interpret: bool = False  # Triton with CPU tensors: the kernels run in the Triton interpreter
+    # A function that runs several kernels in one call (codegen/cpp_groups.py) -> their names,
+    # in order; the wrapper calls it in place of them, where the last of them was
+    groups: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 
 from minicompile.codegen.cpp_columns import column_var, render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
+from minicompile.codegen.cpp_groups import form_groups, render_group
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, atoms_of
@@ -200,6 +201,10 @@ class CppKernel(KernelRenderer):
         self.hoisted: list | None = [] if 0 not in (*k.outer_ranges, *k.inner_ranges) else None
         self.outside: set = set()      # the values computed in ``hoisted``
         self.read_only = {a.name for a in self.args if not a.written}
+        # Set by CppBackend for a member of a horizontal group (codegen/cpp_groups.py): a static
+        # function whose loop shares the group's parallel region (``omp for ... nowait``).
+        self.in_group = False
+        self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
 
     def _ops(self, known: dict, lines: list, **kwargs) -> CppOps:
         return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
@@ -211,7 +216,8 @@ class CppKernel(KernelRenderer):
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
         params = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}  // {a.describe()}" for a in self.args]
         params += [f"int64_t {s}  // a size, known at call time" for s in self.size_args]
-        lines = self.header() + [f'extern "C" void {self.k.name}(']
+        linkage = "static" if self.in_group else 'extern "C"'  # a group member is called by its group only
+        lines = self.header() + [f"{linkage} void {self.k.name}("]
         for i, p in enumerate(params):
             code, comment = p.split("  // ")
             lines.append(f"    {code}{',' if i < len(params) - 1 else ''}  // {comment}")
@@ -233,7 +239,7 @@ class CppKernel(KernelRenderer):
             return hoisted + body
         # symbolic sizes: threads or not is decided at run time, from the actual amount of work
         parallel = (self.work >= config.parallel_threshold if self.static else True) and not self.inner_parallel
-        at_run_time = "" if self.static else f" if({_size(self.work)} >= {config.parallel_threshold})"
+        self.parallel = parallel
         simd_inner = not k.is_reduction
         headers = []
         for d, (v, size) in enumerate(dims):
@@ -243,8 +249,7 @@ class CppKernel(KernelRenderer):
                 if is_static([size]) and size < 64 and len(dims) > 1:
                     collapse = len(dims) - 1 if simd_inner else len(dims)
                 simd = " simd" if simd_inner and len(dims) == 1 else ""  # a flat loop: threads and lanes
-                hdr.append("#pragma omp parallel for" + simd + (f" collapse({collapse})" if collapse > 1 else "")
-                           + at_run_time)
+                hdr.append(self._threads_pragma(simd + (f" collapse({collapse})" if collapse > 1 else "")))
             elif d == len(dims) - 1 and simd_inner:
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
@@ -252,6 +257,14 @@ class CppKernel(KernelRenderer):
         if self.trig_args:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
         return hoisted + _nest(headers, body)
+
+    def _threads_pragma(self, clauses: str) -> str:
+        """The outer loop's pragma: its own parallel region, or (in a group) a share of the
+        group's region with no barrier after it; symbolic sizes decide at run time."""
+        if self.in_group:
+            return f"#pragma omp for{clauses} schedule(static) nowait"
+        at_run_time = "" if self.static else f" if({_size(self.work)} >= {config.parallel_threshold})"
+        return f"#pragma omp parallel for{clauses}{at_run_time}"
 
     def _rows_with_trig_check(self, headers, dims, body, parallel) -> list:
         """The innermost loop with inline sin/cos: it ORs together "an argument was beyond
@@ -261,8 +274,7 @@ class CppKernel(KernelRenderer):
         v, size = dims[-1]
         if len(dims) == 1:
             start = f"{v.name}_row"
-            at_run_time = "" if self.static else f" if({_size(self.work)} >= {config.parallel_threshold})"
-            pragma = ["#pragma omp parallel for" + at_run_time] if parallel else []
+            pragma = [self._threads_pragma("")] if parallel else []
             headers = [pragma + [f"for (int64_t {start} = 0; {start} < {_size(size)}; {start} += {TRIG_ROW})"]]
             lo, hi = start, f"std::min<int64_t>({start} + {TRIG_ROW}, {_size(size)})"
         else:
@@ -496,11 +508,20 @@ class CppBackend:
         """The prelude's include, then one ``extern "C"`` function per kernel."""
         parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
         symbols = tuple(graph_symbols(graph))
-        for kernel in plan.kernels:
-            ck = CppKernel(kernel, graph.by_name, graph.mutations, graph.sources, symbols)
+        kernels = {k.name: CppKernel(k, graph.by_name, graph.mutations, graph.sources, symbols) for k in plan.kernels}
+        groups = form_groups(plan.steps, kernels) if config.horizontal_groups else []
+        for ck in (ck for g in groups for ck in g):
+            ck.in_group = True
+        for name, ck in kernels.items():
             parts += [ck.render(), ""]
-            args[kernel.name] = [a.name for a in ck.args] + ck.size_args
-        return GeneratedKernels("\n".join(parts), args, "cpp")
+            if not ck.in_group:
+                args[name] = [a.name for a in ck.args] + ck.size_args
+        members = {}
+        for i, group in enumerate(groups):
+            source, args[f"group{i}"] = render_group(f"group{i}", group)
+            parts += [source, ""]
+            members[f"group{i}"] = [ck.k.name for ck in group]
+        return GeneratedKernels("\n".join(parts), args, "cpp", groups=members)
 
     def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:

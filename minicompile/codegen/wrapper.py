@@ -5,7 +5,9 @@ kernels' argument names) writes a module that defines ``make(lib, externs, const
 where ``call(args)`` runs the graph. It imports torch and the host buffer pool (the runtime
 hands it the kernel library), allocates outputs with eager's strides (large CPU buffers from
 the pool, chosen when the wrapper is generated), and hands a dead intermediate's memory to
-the next buffer of the same size and dtype.
+the next buffer of the same size and dtype. A horizontal group of C++ kernels
+(codegen/cpp_groups.py) is one call, made where its last kernel was; its kernels' buffers are
+allocated at their own steps and none is handed on before that call.
 
 With symbolic sizes the wrapper binds each symbol at call time (``s77 = arg1.size(0)``, or
 the int input Dynamo passes), sizes its buffers with expressions over the symbols, and
@@ -31,11 +33,14 @@ from minicompile.scheduler.kernel import FusedKernel
 
 
 class WrapperCode:
-    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict):
+    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict, groups: dict | None = None):
         self.graph = graph
         self.schedule = schedule
         self.storage = graph.mutations  # a buffer that writes into an input is that input
-        self.kernel_args = kernel_args  # kernel name -> [pointer names]
+        self.kernel_args = kernel_args  # kernel (or group) name -> [pointer names]
+        # A kernel in a group (codegen/cpp_groups.py) -> (the group, the group's last kernel):
+        # its buffers are allocated at its step, the group is called at the last one's
+        self.group_of = {k: (g, ks[-1]) for g, ks in (groups or {}).items() for k in ks}
         self.suffix = ".data_ptr()" if schedule.caps.pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
@@ -85,13 +90,15 @@ class WrapperCode:
         steps = []  # (profiler event name or None, the step's lines)
         for step_no, step in enumerate(self.schedule.steps):
             L = []
-            steps.append((_event_name(step), L))
+            call = self._call_name(step)
+            steps.append((call if isinstance(step, FusedKernel) else _extern_event_name(step), L))
             if isinstance(step, FusedKernel):
                 for n in step.nodes:
                     if n.name not in step.local and n.name not in step.scratch and not n.mutates:
                         L.append(self._alloc(n, pool, outputs))
-                ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[step.name])
-                L.append(f"{step.name}({ptrs})")
+                if call:
+                    ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
+                    L.append(f"{call}({ptrs})")
             else:
                 b = step.buffer
                 if isinstance(b, ExternKernel):
@@ -132,7 +139,7 @@ class WrapperCode:
             "",
             "def make(lib, externs, constants):",
         ]
-        head += [f"    {k.name} = lib.{k.name}" for k in self.schedule.kernels]
+        head += [f"    {name} = lib.{name}" for name in self.kernel_args]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")
         unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] + sizes if names else []
@@ -165,11 +172,21 @@ class WrapperCode:
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")
 
+    def _call_name(self, step) -> str | None:
+        """What a kernel step calls: itself, its group (at the group's last kernel), or nothing."""
+        if not isinstance(step, FusedKernel):
+            return None
+        group, last = self.group_of.get(step.name, (step.name, step.name))
+        return group if step.name == last else None
+
     def _last_uses(self) -> dict:
+        """Buffer name -> the step after which nothing reads it (a group's buffers: its last
+        kernel's step, where the group is called)."""
         last = {}
         for k, step in enumerate(self.schedule.steps):
             if isinstance(step, FusedKernel):
-                for p in self.kernel_args[step.name]:
+                call = self._call_name(step)
+                for p in self.kernel_args[call] if call else ():
                     last[p] = k
             else:
                 b = step.buffer
@@ -179,10 +196,8 @@ class WrapperCode:
         return last
 
 
-def _event_name(step) -> str | None:
-    """A step's name in a profiler trace: the kernel's name, or the extern's op."""
-    if isinstance(step, FusedKernel):
-        return step.name
+def _extern_event_name(step) -> str | None:
+    """An extern step's name in a profiler trace: its op (a kernel step's is what it calls)."""
     if isinstance(step.buffer, ExternKernel):
         op = step.buffer.op
         return str(op) if isinstance(op, torch._ops.OpOverload) else getattr(op, "__name__", str(op))

@@ -1,0 +1,70 @@
+"""Horizontal groups (codegen/cpp_groups.py): consecutive independent C++ kernels run as one call
+with one parallel region and no barrier between them; kernels that depend on each other never
+share a group. Every case compares the mutated inputs and outputs with eager."""
+import pytest
+import torch
+
+from minicompile.config import patch
+from tests.helpers import assert_matches_eager, compile_fn
+
+
+def momentum_steps(*tensors):
+    """SGD with momentum on each (p, buf, grad) triple: one independent kernel per triple."""
+    for p, b, g in zip(tensors[0::3], tensors[1::3], tensors[2::3]):
+        b.mul_(0.9).add_(g)
+        p.add_(b, alpha=-0.1)
+
+
+def run_both(fn, inputs, **knobs):
+    """(compiled graph, its results, eager's): results are the inputs after the call and the output."""
+    with patch(**knobs):
+        c = compile_fn(fn, *inputs, trace="fake")
+    ours, ref = [x.clone() for x in inputs], [x.clone() for x in inputs]
+    out, expected = c(*ours), fn(*ref)
+    return c, [*ours, out], [*ref, expected]
+
+
+# odd sizes: a thread's share of a loop ends mid-vector, and tiny tensors go to single threads
+SIZES = [(301, 133), (7,), (1000,), (40001,), (1,), (65, 65)]
+
+
+@pytest.mark.parametrize("threshold", [1, 1000, 1 << 40], ids=["all threaded", "mixed", "no region"])
+def test_independent_updates_are_one_call_and_match_eager(threshold):
+    torch.manual_seed(0)
+    inputs = [torch.randn(s) for s in SIZES for _ in range(3)]
+    c, ours, ref = run_both(momentum_steps, inputs, parallel_threshold=threshold)
+    assert_matches_eager(ours, ref)
+    assert c.num_kernels == len(SIZES) and "group0(" in c.wrapper_source and "kernel0" not in c.wrapper_source
+    regions = c.kernel_source.count("#pragma omp parallel\n")
+    assert regions == (0 if threshold > 1e12 else 1), c.kernel_source
+    threaded = c.kernel_source.count("schedule(static) nowait")
+    # (a one-element tensor's kernel has no loop: one thread runs it)
+    assert threaded == sum(threshold <= torch.Size(s).numel() > 1 for s in SIZES), c.kernel_source
+
+
+@pytest.mark.parametrize("fn", [
+    lambda p, q: (p.mul_(2), q.add_(p.t()))[0],   # the second reads what the first wrote
+    lambda p, q: (q.add_(p.t()), p.mul_(2))[0],   # the second writes what the first read
+], ids=["read after write", "write after read"])
+def test_dependent_kernels_stay_apart(fn):
+    torch.manual_seed(0)
+    inputs = [torch.randn(300, 300), torch.randn(300, 300)]
+    c, ours, ref = run_both(fn, inputs, parallel_threshold=1)
+    assert_matches_eager(ours, ref)
+    assert c.num_kernels == 2 and "group" not in c.wrapper_source, c.kernel_source
+
+
+def test_the_knob_turns_groups_off():
+    inputs = [torch.randn(s) for s in SIZES[:3] for _ in range(3)]
+    c, ours, ref = run_both(momentum_steps, inputs, horizontal_groups=False)
+    assert_matches_eager(ours, ref)
+    assert "group" not in c.wrapper_source and c.wrapper_source.count("kernel") >= 3
+
+
+def test_a_group_is_one_profiler_event():
+    inputs = [torch.randn(s) for s in SIZES[:3] for _ in range(3)]
+    c = compile_fn(momentum_steps, *inputs, trace="fake")
+    with torch.profiler.profile() as prof:
+        c(*inputs)
+    names = [e.name for e in prof.events()]
+    assert names.count("group0") == 1, names

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import builtins
 import collections
+import inspect
+import types
 import operator
 
 import torch
 from torch import nn
 
-from minicompile.capture import semantics
+from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (GraphBreak, SymBoundMethod, SymFunction, SymIter, TensorMethod,
                                            TensorVar, contains_symbolic)
@@ -77,7 +79,13 @@ def _len(tracer: Tracer, args, kwargs):
         return len(v._modules)
     if isinstance(v, (nn.ParameterList, nn.ParameterDict)):
         return len(v._parameters)
-    if semantics.is_plain(v):
+    hook = inspect.getattr_static(type(v), "__len__", None)
+    if isinstance(hook, types.FunctionType):
+        n = tracer.call(hook, [v], {})
+        if type(n) is not int:
+            raise GraphBreak(f"len() of a {type(v).__name__} is not a constant")
+        return n
+    if semantics.is_plain(v) or tracer.is_new(v):
         return len(v)
     raise GraphBreak(f"len() of a {type(v).__name__}")
 
@@ -288,3 +296,8 @@ def _anyall(fn):
 
 BUILTINS[builtins.any] = _anyall(builtins.any)
 BUILTINS[builtins.all] = _anyall(builtins.all)
+
+
+@builtin(builtins.super)
+def _super(tracer: Tracer, args, kwargs):
+    return objects.make_super(tracer, list(args))

@@ -34,7 +34,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # above that: lower it as code is removed, never raise it by habit. Symbolic sizes (~250 lines) and
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
-CORE_LINE_BUDGET = 12_600
+# Capturing HF models and image models in one graph (objects made while tracing, super(), Python
+# __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries) added ~450.
+CORE_LINE_BUDGET = 13_050
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -76,9 +76,20 @@ def _torch_special():
         torch.compiler.is_exporting: const(False),
         torch.fx._symbolic_trace.is_fx_tracing: const(False),
         torch._assert: _assert,
+        torch.overrides.has_torch_function: _has_torch_function,
+        torch.overrides.has_torch_function_unary: _has_torch_function,
+        torch.overrides.has_torch_function_variadic: _has_torch_function,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
     }
+
+
+def _has_torch_function(tracer: Tracer, args, kwargs) -> bool:
+    """False for plain tensors and parameters (their types are guarded); a subclass breaks."""
+    items = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    if any(isinstance(v, TensorVar) and v.cls not in (torch.Tensor, nn.Parameter) for v in items):
+        raise GraphBreak("a tensor subclass with __torch_function__")
+    return False
 
 
 def _assert(tracer: Tracer, args, kwargs):
@@ -150,8 +161,15 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if fn is inspect.signature:
         return _signature(args, kwargs)
     if is_torch_callable(fn):
-        return tracer.call_graph("call_function", fn, tuple(args), kwargs,
-                                 allow_constant_result=fn in _TORCH_META_FUNCS)
+        try:
+            return tracer.call_graph("call_function", fn, tuple(args), kwargs,
+                                     allow_constant_result=fn in _TORCH_META_FUNCS)
+        except GraphBreak as e:
+            if "returns a non-tensor value" not in e.reason:
+                raise
+            if isinstance(fn, types.FunctionType):   # a Python helper that computes no tensor
+                return inline(tracer, fn, args, kwargs)   # (F._none_or_dtype): its body
+            return _state_query(tracer, fn, args, kwargs, e)
     if isinstance(fn, types.FunctionType):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
@@ -223,6 +241,25 @@ def _signature(args, kwargs):
     if not callable(target) or contains_symbolic((target, args[1:], kwargs)):
         raise GraphBreak("inspect.signature of a function made while tracing")
     return inspect.signature(target, *args[1:], **kwargs)
+
+
+_QUERY_PREFIXES = ("is_", "_is_", "get_", "_get_", "has_", "_has_", "are_")
+_QUERY_RESULTS = (bool, int, float, str, type(None), torch.dtype)
+
+
+def _state_query(tracer: Tracer, fn, args, kwargs, why: GraphBreak):
+    """A torch query of global state with constant arguments (``torch.is_autocast_enabled()``,
+    ``torch._C._get_mha_fastpath_enabled()``): read now and guarded, as grad mode is."""
+    name = getattr(fn, "__name__", "")
+    if not name.startswith(_QUERY_PREFIXES) or contains_symbolic((args, kwargs)) or not all(
+            type(a) in _QUERY_RESULTS for a in (*args, *kwargs.values())):
+        raise why
+    value = fn(*args, **kwargs)
+    if type(value) not in _QUERY_RESULTS:
+        raise why
+    call_args = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+    tracer.guards.add(f"{tracer.const_source(fn, 'query')}({call_args}) == {value!r}")
+    return value
 
 
 def _lookup(table: dict, fn):

@@ -189,11 +189,6 @@ class TracerCall:
         self.fn = fn
 
 
-def _semantics():
-    from minicompile.capture import semantics   # semantics imports this module
-    return semantics
-
-
 def _dict_get(tracer, obj, key, default=None):
     """``dict.get`` on a dict subclass read from a source: the item is an input of its own."""
     if type(key) not in (int, str):
@@ -208,12 +203,8 @@ def _dict_get(tracer, obj, key, default=None):
 
 
 # C methods reached through ``super()`` on an object from a source: what they mean.
-_SOURCED_C_METHODS = {
-    (object, "__getattribute__"): lambda tracer, obj, name: _semantics().getattr_(tracer, obj, name, hooks=False),
-    (object, "__setattr__"): lambda tracer, obj, name, value: _semantics().setattr_(tracer, obj, name, value,
-                                                                                   hooks=False),
-    (dict, "get"): _dict_get,
-}
+# semantics.py adds object.__getattribute__/__setattr__ (the plain attribute path).
+_SOURCED_C_METHODS = {(dict, "get"): _dict_get}
 
 
 # ---------------------------------------------------------------------- rebuilding

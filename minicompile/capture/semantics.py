@@ -430,6 +430,12 @@ def delattr_(tracer: Tracer, obj, name: str) -> None:
     tracer.record_delattr(obj, name)
 
 
+objects._SOURCED_C_METHODS.update({   # super().__getattribute__/__setattr__: the plain path
+    (object, "__getattribute__"): lambda tracer, obj, name: getattr_(tracer, obj, name, hooks=False),
+    (object, "__setattr__"): lambda tracer, obj, name, value: setattr_(tracer, obj, name, value, hooks=False),
+})
+
+
 def split_call(stack: list, argc: int, kw_names: tuple):
     """(callable, positional args, kwargs) of a CALL, without touching the stack."""
     args = stack[len(stack) - argc:] if argc else []

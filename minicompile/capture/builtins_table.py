@@ -301,3 +301,10 @@ BUILTINS[builtins.all] = _anyall(builtins.all)
 @builtin(builtins.super)
 def _super(tracer: Tracer, args, kwargs):
     return objects.make_super(tracer, list(args))
+
+
+@builtin(collections.deque)
+def _deque(tracer: Tracer, args, kwargs):
+    """A deque made while tracing holds symbolic items like a list (rebuilt by codegen)."""
+    _constant_args("deque", args[1:], kwargs)
+    return collections.deque(semantics.iterate(tracer, args[0]) if args else [], *args[1:], **kwargs)

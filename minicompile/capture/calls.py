@@ -29,7 +29,7 @@ from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFu
 MAX_INLINE_DEPTH = 32
 # Classes of these modules are not user classes: calling one is not inlined as a constructor.
 _LIBRARY_MODULES = ("builtins", "torch", "numpy", "collections", "functools", "itertools", "typing",
-                    "contextlib", "threading", "contextvars", "enum", "abc", "re", "weakref")
+                    "threading", "contextvars", "enum", "abc", "re", "weakref")
 
 # Tensor methods that only read metadata: their (non-tensor) result is specialized.
 _META_METHODS = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is_contiguous",
@@ -49,6 +49,8 @@ _CONTAINER_METHODS = {
     list: {"append", "extend", "insert", "pop", "index", "count", "reverse", "copy", "clear", "remove"},
     dict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy", "clear"},
     tuple: {"index", "count"},
+    collections.deque: {"append", "appendleft", "pop", "popleft", "extend", "extendleft", "rotate", "clear",
+                        "copy", "reverse", "insert"},
     collections.OrderedDict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy",
                               "clear", "move_to_end", "popitem"},
     set: {"add", "discard", "remove", "pop", "clear", "update", "copy", "union", "intersection",

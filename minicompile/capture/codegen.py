@@ -106,6 +106,9 @@ class Reifier:
             kind = "" if type(v) is dict else self.ns.const(collections.OrderedDict, "T")
             self.lines.append(f"{name} = {kind}({body})" if kind else f"{name} = {body}")
             return name
+        if type(v) is collections.deque:
+            items = ", ".join(self.expr(x) for x in v)
+            return self._temp(v, f"{self.ns.const(collections.deque, 'T')}([{items}], {v.maxlen!r})")
         if type(v) is set:
             items = ", ".join(self.expr(x) for x in v)
             return self._temp(v, f"{{{items}}}" if v else "set()")

@@ -7,6 +7,7 @@ top-level call instruction that led there).
 """
 from __future__ import annotations
 
+import collections
 import operator
 from dataclasses import dataclass, field
 
@@ -128,7 +129,7 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
             out.setdefault(id(v), v)
         elif id(v) in new_objects:
             todo.extend(objects.children(v))
-        elif isinstance(v, (tuple, list)):
+        elif isinstance(v, (tuple, list, collections.deque)):
             todo.extend(v)
         elif isinstance(v, dict):
             todo.extend(v.values())

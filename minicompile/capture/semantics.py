@@ -41,7 +41,7 @@ DICT_TYPES = (dict, collections.OrderedDict)
 MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
 # ``__getitem__`` implementations that only read storage: safe to run on the real object.
 _STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
-_PLAIN = (types.MappingProxyType, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
+_PLAIN = (types.MappingProxyType, collections.deque, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
           slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS)
 
 # Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
@@ -148,7 +148,7 @@ def contains(tracer: Tracer, item, container) -> bool:
 # ---------------------------------------------------------------------- iteration
 def iterate(tracer: Tracer, v) -> list:
     """The items ``for x in v`` would produce, computed now (loops are unrolled)."""
-    if isinstance(v, (tuple, list)):
+    if isinstance(v, (tuple, list, collections.deque)):
         return list(v)
     if isinstance(v, dict):
         return list(v.keys())
@@ -191,7 +191,7 @@ def subscr(tracer: Tracer, obj, key):
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
         raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
-    if type(obj) in (tuple, list, str, bytes, range, torch.Size) or is_record(obj):
+    if type(obj) in (tuple, list, str, bytes, range, torch.Size, collections.deque) or is_record(obj):
         return obj[key]
     if type(obj) in DICT_TYPES:
         if key not in obj:

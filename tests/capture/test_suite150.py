@@ -1,0 +1,68 @@
+"""The capture suite: every function in suite_functions.CASES (over 150, one construct each)
+runs eagerly, through minicompile.compile and through torch.compile with a counting backend.
+Results must be the same, and minicompile may use at most as many graphs as Dynamo."""
+import copy
+
+import pytest
+import torch
+
+from minicompile.capture import compile as capture_compile
+from tests.capture.suite_functions import CASES
+from tests.helpers import same
+
+# Constructs we do not model yet, each with the reason; the test checks that they still give
+# eager's result (as breaks or fallbacks) and fails loudly once they capture like Dynamo.
+NOT_YET: dict = {
+    "generator_function": "generator functions other than generator expressions are not modeled "
+                          "(the function runs eagerly; its caller breaks at the call)",
+    "contextmanager_generator": "@contextlib.contextmanager needs generator functions (see above)",
+}
+
+
+def _dynamo_graphs(fn, args):
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend)(*copy.deepcopy(args))
+    torch._dynamo.reset()
+    return out, count[0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_capture_suite(name):
+    fn, args = CASES[name]
+    expected = fn(*copy.deepcopy(args))
+    compiled = capture_compile(fn)
+    for _ in range(2):   # the trace, then a cache hit
+        got = compiled(*copy.deepcopy(args))
+        assert same(got, expected), f"{name}: minicompile gives\n{got}\nexpected\n{expected}"
+    dyn_out, dyn_graphs = _dynamo_graphs(fn, args)
+    assert same(dyn_out, expected)
+    report = compiled.capture_report
+    ours = report.graph_count
+    if name in NOT_YET:
+        assert ours > dyn_graphs or report.fallbacks, f"{name} now captures: remove it from NOT_YET"
+        return
+    assert ours <= dyn_graphs and not report.fallbacks, f"{name}: {ours} graphs, Dynamo {dyn_graphs}\n{report}"
+
+
+def test_suite_is_large_enough():
+    assert len(CASES) >= 150
+
+
+@pytest.mark.xfail(strict=True, reason="known wrong result: namedtuple._replace on a namedtuple holding "
+                   "tensors, split by breaks at map() and tuple.__new__, returns a typing alias "
+                   "(`_Pair[1]`) for the untouched field; predates the HF work, not yet found")
+def test_namedtuple_replace_across_breaks():
+    from tests.capture.suite_functions import _Pair
+    p = _Pair(torch.ones(2), torch.zeros(2))
+
+    def f(p, x):
+        return p._replace(a=x)
+
+    got = capture_compile(f)(p, torch.ones(2))
+    assert same(tuple(got), tuple(f(p, torch.ones(2))))

@@ -333,6 +333,12 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
         if isinstance(value, torch.Tensor):
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
+    if is_record(obj) and name not in getattr(type(obj), "_fields", ()):
+        method = inspect.getattr_static(type(obj), name, None)
+        if isinstance(method, (types.FunctionType, classmethod)) and contains_symbolic(obj):
+            # a Python method of a namedtuple holding traced values (``_replace``): inlined,
+            # never a real bound method that would carry the traced values out of the trace
+            return objects.bind_class_attr(tracer, obj, method, name)
     if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
             name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
         return getattr(obj, name)   # (a subclass's attributes are read as an object's)

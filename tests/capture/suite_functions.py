@@ -526,7 +526,7 @@ def set_comprehension(x): return x * len({i % 3 for i in range(10)})
 def namedtuple_use(x):
     pair = _Pair(x, x * 2)
     a, b = pair
-    return pair.a + pair.b, pair[0] * a, b, pair._fields
+    return pair.a + pair.b, pair[0] * a, b, pair._fields, pair._replace(a=x), _Pair._make([x, 1])
 
 @case(X)
 def namedtuple_return(x): return _Pair(x, x + 1)

@@ -35,8 +35,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
 # Capturing HF models and image models in one graph (objects made while tracing, super(), Python
-# __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries) added ~450.
-CORE_LINE_BUDGET = 13_050
+# __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries, map/filter,
+# deque) added ~580: 13,093 measured.
+CORE_LINE_BUDGET = 13_100
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

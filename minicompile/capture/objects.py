@@ -67,10 +67,13 @@ def instantiate(tracer, cls: type, args: list, kwargs: dict):
     return obj
 
 
+_KEYED = {"__getitem__", "__setitem__", "__delitem__", "__contains__", "get", "pop", "setdefault"}
+
+
 def native_method(tracer, fn, args, kwargs):
     """A builtin container/object method bound to a new object: it stores or reads values
     without looking at them (keys must be constants), so it runs on the real object."""
-    if any(isinstance(a, TensorVar) for a in (*args[:1], *kwargs)) and fn.__name__ != "__setattr__":
+    if fn.__name__ in _KEYED and args and isinstance(args[0], TensorVar):
         raise GraphBreak(f"{fn.__name__}() with a tensor key on a traced object")
     try:
         return fn(*args, **kwargs)
@@ -87,8 +90,7 @@ def new_attr(tracer, obj, name: str):
     """An attribute of a new object: its own ``__dict__`` first, else the class's."""
     cls = type(obj)
     static = inspect.getattr_static(cls, name, NULL)
-    data_descr = hasattr(type(static), "__set__") and not isinstance(static, types.FunctionType)
-    if name in obj.__dict__ and not data_descr:
+    if name in obj.__dict__ and not hasattr(type(static), "__set__"):   # data descriptors win
         return obj.__dict__[name]
     if name == "__dict__":
         return obj.__dict__   # the real dict of an object only this trace holds

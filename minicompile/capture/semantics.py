@@ -330,7 +330,8 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
         return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
     if isinstance(obj, type):
         value = getattr(obj, name)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) or type(value) in _GUARDED_CLASS_ATTRS:
+            # tensors are inputs, constants are guarded, containers are traced on copies
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
     if is_record(obj) and name not in getattr(type(obj), "_fields", ()):
@@ -377,6 +378,7 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     return class_attr(tracer, obj, name, src)
 
 
+_GUARDED_CLASS_ATTRS = {int, float, bool, str, type(None), list, dict, collections.OrderedDict, set}
 _PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
                      torch.dtype, torch.device, int, float, complex, bool, type(None)}
 

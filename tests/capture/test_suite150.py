@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minicompile.capture import compile as capture_compile
+from tests.capture import suite_functions_more  # noqa: F401  (registers the second part)
 from tests.capture.suite_functions import CASES
 from tests.helpers import same
 

@@ -1,6 +1,7 @@
-"""HF GPT-2, BERT and Llama (small configs, random init, eval, no_grad) through
-``minicompile.compile``: outputs match eager in 1 graph with no break and no fallback, and
-``generate()`` with the compiled model gives eager's tokens."""
+"""HF GPT-2, BERT and Llama (small configs, random init, eval, no_grad) through our capture
+(graphs run as captured) and through ``minicompile.compile`` (the whole pipeline): outputs
+match eager in 1 graph with no break and no fallback, and ``generate()`` with the compiled
+model gives eager's tokens."""
 import os
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import minicompile   # noqa: E402
 from minicompile.capture import compile as capture_compile   # noqa: E402
 
 VOCAB = 100
@@ -55,6 +57,20 @@ def test_hf_model_one_graph(name):
     report = compiled.capture_report
     assert len(report.graphs) == 1 and report.break_count == 0 and not report.fallbacks, report
     assert not report.recompiles, report
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_hf_model_through_the_pipeline(name):
+    # minicompile.compile: our capture, then each graph through aot/decomp/lowering/codegen
+    model = _make(name)
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids)
+        compiled = minicompile.compile(model)
+        for _ in range(2):
+            assert _same(dict(expected), dict(compiled(ids)))
+    report = compiled.capture_report
+    assert len(report.graphs) == 1 and report.break_count == 0 and not report.fallbacks, report
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -175,8 +175,8 @@ def super_attr(tracer, sup: super, name: str):
     else:
         raise GraphBreak(f"AttributeError: 'super' object has no attribute {name!r}")
     if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)) and not tracer.is_new(obj):
-        base = _SOURCED_C_METHODS.get((k, name)) or _SOURCED_C_METHODS.get((object, name))
-        if base is None or (k, name) not in _SOURCED_C_METHODS and attr is not getattr(object, name):
+        base = _SOURCED_C_METHODS.get((k, name))
+        if base is None:
             raise GraphBreak(f"super().{name} (a C method) on an object from outside the trace")
         return TracerCall(lambda tracer, args, kwargs: base(tracer, obj, *args, **kwargs))
     return bind_class_attr(tracer, obj, attr, name)

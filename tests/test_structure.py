@@ -40,7 +40,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # out of loops, ~110 lines) came next.
 # Horizontal C++ kernel groups (one call and one parallel region for independent kernels, the
 # optimizer step's fix; codegen/cpp_groups.py and the wrapper's group calls) added ~130.
-CORE_LINE_BUDGET = 13_050
+# Capturing HF models and image models in one graph (objects made while tracing, super(), Python
+# __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries, map/filter,
+# deque) added ~580.
+CORE_LINE_BUDGET = 13_650
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import builtins
 import collections
+import inspect
+import types
 import operator
 
 import torch
 from torch import nn
 
-from minicompile.capture import semantics
+from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (GraphBreak, SymBoundMethod, SymFunction, SymIter, TensorMethod,
                                            TensorVar, contains_symbolic)
@@ -77,7 +79,13 @@ def _len(tracer: Tracer, args, kwargs):
         return len(v._modules)
     if isinstance(v, (nn.ParameterList, nn.ParameterDict)):
         return len(v._parameters)
-    if semantics.is_plain(v):
+    hook = inspect.getattr_static(type(v), "__len__", None)
+    if isinstance(hook, types.FunctionType):
+        n = tracer.call(hook, [v], {})
+        if type(n) is not int:
+            raise GraphBreak(f"len() of a {type(v).__name__} is not a constant")
+        return n
+    if semantics.is_plain(v) or tracer.is_new(v):
         return len(v)
     raise GraphBreak(f"len() of a {type(v).__name__}")
 
@@ -288,3 +296,41 @@ def _anyall(fn):
 
 BUILTINS[builtins.any] = _anyall(builtins.any)
 BUILTINS[builtins.all] = _anyall(builtins.all)
+
+
+@builtin(builtins.super)
+def _super(tracer: Tracer, args, kwargs):
+    return objects.make_super(tracer, list(args))
+
+
+@builtin(collections.deque)
+def _deque(tracer: Tracer, args, kwargs):
+    """A deque made while tracing holds symbolic items like a list (rebuilt by codegen)."""
+    _constant_args("deque", args[1:], kwargs)
+    return collections.deque(semantics.iterate(tracer, args[0]) if args else [], *args[1:], **kwargs)
+
+
+@builtin(builtins.map)
+def _map(tracer: Tracer, args, kwargs):
+    """``map``'s results computed now (as generator expressions are): the order of calls is
+    the consumer's as long as ``fn`` writes nothing the consumer reads in between."""
+    fn, *iterables = args
+    columns = [semantics.iterate(tracer, it) for it in iterables]
+    return SymIter([tracer.call(fn, list(items), {}) for items in zip(*columns)])
+
+
+@builtin(builtins.filter)
+def _filter(tracer: Tracer, args, kwargs):
+    fn, iterable = args
+    keep = (lambda v: semantics.truth(tracer, v)) if fn is None else (
+        lambda v: semantics.truth(tracer, tracer.call(fn, [v], {})))
+    return SymIter([v for v in semantics.iterate(tracer, iterable) if keep(v)])
+
+
+@builtin(tuple.__new__)
+def _tuple_new(tracer: Tracer, args, kwargs):
+    """``tuple.__new__(cls, items)`` (namedtuple's ``_make``): a real tuple of traced items."""
+    cls = args[0]
+    if kwargs or not (isinstance(cls, type) and issubclass(cls, tuple)):
+        raise GraphBreak("tuple.__new__ of something other than a tuple class")
+    return tuple.__new__(cls, semantics.iterate(tracer, args[1]) if len(args) > 1 else ())

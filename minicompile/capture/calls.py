@@ -6,9 +6,11 @@ tables (``builtins_table.BUILTINS``, ``TORCH_SPECIAL``), not in if-chains.
 from __future__ import annotations
 
 import collections
+import inspect
 import math
 import numbers
 import operator
+import os
 import types
 
 import torch
@@ -18,13 +20,16 @@ from torch.nn.modules import module as nn_module
 from minicompile.capture.builtins_table import BUILTINS
 from minicompile.capture.frame import Frame, bind_arguments, prescan
 from minicompile.capture.interpreter import run_frame
-from minicompile.capture import semantics
+from minicompile.capture import objects, semantics
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod,
                                            SymFunction, TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
+# Classes of these modules are not user classes: calling one is not inlined as a constructor.
+_LIBRARY_MODULES = ("builtins", "torch", "numpy", "collections", "functools", "itertools", "typing",
+                    "threading", "contextvars", "enum", "abc", "re", "weakref")
 
 # Tensor methods that only read metadata: their (non-tensor) result is specialized.
 _META_METHODS = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is_contiguous",
@@ -44,12 +49,17 @@ _CONTAINER_METHODS = {
     list: {"append", "extend", "insert", "pop", "index", "count", "reverse", "copy", "clear", "remove"},
     dict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy", "clear"},
     tuple: {"index", "count"},
+    collections.deque: {"append", "appendleft", "pop", "popleft", "extend", "extendleft", "rotate", "clear",
+                        "copy", "reverse", "insert"},
     collections.OrderedDict: {"get", "items", "keys", "values", "update", "pop", "setdefault", "copy",
                               "clear", "move_to_end", "popitem"},
     set: {"add", "discard", "remove", "pop", "clear", "update", "copy", "union", "intersection",
           "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
           "intersection_update", "difference_update", "symmetric_difference_update"},
 }
+# Immutable values whose builtin methods are pure functions of constants.
+_CONSTANT_TYPES = {str, bytes, int, float, bool, complex, tuple, frozenset, range, slice, torch.Size,
+                   torch.dtype, torch.device}
 # Methods that put values into a set: a set only holds constants (tensors hash by identity).
 _SET_INSERTS = {"add", "update", "union", "symmetric_difference", "symmetric_difference_update"}
 
@@ -64,10 +74,24 @@ def _torch_special():
         torch.jit.is_scripting: const(False),
         torch.jit.is_tracing: const(False),
         torch.compiler.is_compiling: const(True),
+        torch.compiler.is_dynamo_compiling: const(True),   # library code takes its compile-friendly path
+        torch.compiler.is_exporting: const(False),
+        torch.fx._symbolic_trace.is_fx_tracing: const(False),
         torch._assert: _assert,
+        torch.overrides.has_torch_function: _has_torch_function,
+        torch.overrides.has_torch_function_unary: _has_torch_function,
+        torch.overrides.has_torch_function_variadic: _has_torch_function,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
     }
+
+
+def _has_torch_function(tracer: Tracer, args, kwargs) -> bool:
+    """False for plain tensors and parameters (their types are guarded); a subclass breaks."""
+    items = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    if any(isinstance(v, TensorVar) and v.cls not in (torch.Tensor, nn.Parameter) for v in items):
+        raise GraphBreak("a tensor subclass with __torch_function__")
+    return False
 
 
 def _assert(tracer: Tracer, args, kwargs):
@@ -96,7 +120,11 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return call_tensor_method(tracer, fn, args, kwargs)
     if isinstance(fn, SymFunction):
         return inline(tracer, fn, args, kwargs)
+    if isinstance(fn, objects.TracerCall):
+        return fn.fn(tracer, args, kwargs)
     if isinstance(fn, SymBoundMethod):
+        if fn.self_value is os.environ and fn.func.__name__ in _ENVIRON_READS:
+            return _environ(tracer, fn.func.__name__, args)
         return call(tracer, fn.func, [fn.self_value, *args], kwargs)
     if isinstance(fn, GradModeCtx):   # `@torch.no_grad()` applied to a function
         if len(args) != 1 or kwargs or not isinstance(args[0], (SymFunction, types.FunctionType)):
@@ -120,20 +148,37 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     handler = _lookup(BUILTINS, fn)
     if handler is not None:
         return handler(tracer, args, kwargs)
+    if objects.is_native_on_new(tracer, fn):
+        return objects.native_method(tracer, fn, args, kwargs)
     handler = _lookup(TORCH_SPECIAL, fn)
     if handler is not None:
         return handler(tracer, args, kwargs)
     if isinstance(fn, nn.Module):
         return call_module(tracer, fn, args, kwargs)
-    if getattr(fn, "__module__", "") == "torch.utils._contextlib":
-        raise GraphBreak(f"call to {describe(fn)} (a function decorated with a torch context manager)")
+    if getattr(fn, "__code__", None) is _CONTEXTLIB_WRAPPER:
+        inner = _grad_decorated(fn)
+        if inner is None:
+            raise GraphBreak(f"call to {describe(fn)} (a function decorated with a torch context manager)")
+        return call(tracer, GradModeFunction(*inner), args, kwargs)
+    if fn is inspect.signature:
+        return _signature(args, kwargs)
     if is_torch_callable(fn):
-        return tracer.call_graph("call_function", fn, tuple(args), kwargs,
-                                 allow_constant_result=fn in _TORCH_META_FUNCS)
+        try:
+            return tracer.call_graph("call_function", fn, tuple(args), kwargs,
+                                     allow_constant_result=fn in _TORCH_META_FUNCS)
+        except GraphBreak as e:
+            if "returns a non-tensor value" not in e.reason:
+                raise
+            if isinstance(fn, types.FunctionType):   # a Python helper that computes no tensor
+                return inline(tracer, fn, args, kwargs)   # (F._none_or_dtype): its body
+            return _state_query(tracer, fn, args, kwargs, e)
     if isinstance(fn, types.FunctionType):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONSTANT_TYPES and not contains_symbolic(
+            (fn.__self__, args, kwargs)):
+        return fn(*args, **kwargs)   # str.startswith, int.bit_length, ...: pure on constants
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONTAINER_METHODS:
         return _container_method(tracer, fn, args, kwargs)
     if isinstance(fn, types.BuiltinMethodType) and fn.__self__ is dict and fn.__name__ == "fromkeys":
@@ -146,7 +191,77 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
     if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):
         return fn(*args, **kwargs)
+    if isinstance(fn, type) and not fn.__module__.startswith(_LIBRARY_MODULES):
+        return objects.instantiate(tracer, fn, args, kwargs)
     raise GraphBreak(f"call to {describe(fn)} is not supported by the tracer")
+
+
+_CONTEXTLIB_WRAPPER = torch.no_grad()(lambda: None).__code__   # torch.utils._contextlib's wrapper
+
+
+def _grad_decorated(fn):
+    """(function, grad enabled) for a function decorated with ``@torch.no_grad()`` or
+    ``@torch.enable_grad()`` (torch.utils._contextlib's wrapper), else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not fn.__closure__:
+        return None
+    cells = dict(zip(code.co_freevars, fn.__closure__))
+    try:
+        factory, func = cells["ctx_factory"].cell_contents, cells["func"].cell_contents
+    except (KeyError, ValueError):
+        return None
+    kind = type(getattr(factory, "__self__", None))
+    if kind not in (torch.no_grad, torch.enable_grad) or not isinstance(func, types.FunctionType):
+        return None
+    return func, kind is torch.enable_grad
+
+
+_ENVIRON_READS = ("get", "__getitem__", "__contains__")
+
+
+def _environ(tracer: Tracer, method: str, args):
+    """A read of ``os.environ``: the value now, guarded (a changed variable recompiles)."""
+    key = args[0] if args else None
+    if type(key) is not str:
+        raise GraphBreak("os.environ read with a non-constant key")
+    value = os.environ.get(key)
+    tracer.guards.add(f"{tracer.const_source(os.environ, 'environ')}.get({key!r}) == {value!r}")
+    if method == "__contains__":
+        return value is not None
+    if value is None and method == "__getitem__":
+        raise GraphBreak(f"KeyError: {key!r} (os.environ)")
+    return value if value is not None else (args[1] if len(args) > 1 else None)
+
+
+def _signature(args, kwargs):
+    """``inspect.signature`` of a function the tracer holds as a real object: a function of its
+    code and defaults, which identity guards keep fixed, so it is computed now."""
+    target = args[0] if args else None
+    if isinstance(target, SymBoundMethod) and isinstance(target.func, types.FunctionType) \
+            and not contains_symbolic(target.self_value):
+        target = types.MethodType(target.func, target.self_value)
+    if not callable(target) or contains_symbolic((target, args[1:], kwargs)):
+        raise GraphBreak("inspect.signature of a function made while tracing")
+    return inspect.signature(target, *args[1:], **kwargs)
+
+
+_QUERY_PREFIXES = ("is_", "_is_", "get_", "_get_", "has_", "_has_", "are_")
+_QUERY_RESULTS = (bool, int, float, str, type(None), torch.dtype)
+
+
+def _state_query(tracer: Tracer, fn, args, kwargs, why: GraphBreak):
+    """A torch query of global state with constant arguments (``torch.is_autocast_enabled()``,
+    ``torch._C._get_mha_fastpath_enabled()``): read now and guarded, as grad mode is."""
+    name = getattr(fn, "__name__", "")
+    if not name.startswith(_QUERY_PREFIXES) or contains_symbolic((args, kwargs)) or not all(
+            type(a) in _QUERY_RESULTS for a in (*args, *kwargs.values())):
+        raise why
+    value = fn(*args, **kwargs)
+    if type(value) not in _QUERY_RESULTS:
+        raise why
+    call_args = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+    tracer.guards.add(f"{tracer.const_source(fn, 'query')}({call_args}) == {value!r}")
+    return value
 
 
 def _lookup(table: dict, fn):

@@ -14,8 +14,9 @@ import types
 
 import torch
 
+from minicompile.capture import objects
 from minicompile.capture.guards import Namespace
-from minicompile.capture.tracer import Tracer
+from minicompile.capture.tracer import _DELETED, Tracer
 from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
                                            GraphBreak, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
                                            TensorMethod, TensorVar, contains_symbolic, real_grad_ctx)
@@ -82,6 +83,8 @@ class Reifier:
             return repr(v)
         if type(v) is float:
             return repr(v) if math.isfinite(v) else self.ns.const(v)
+        if self.tracer.is_new(v):
+            return objects.rebuild_text(self, v)
         tracked = self.tracer.tracked_by_id.get(id(v))
         if tracked is not None:
             return tracked.source   # same object as the caller's, contents replayed already
@@ -103,6 +106,9 @@ class Reifier:
             kind = "" if type(v) is dict else self.ns.const(collections.OrderedDict, "T")
             self.lines.append(f"{name} = {kind}({body})" if kind else f"{name} = {body}")
             return name
+        if type(v) is collections.deque:
+            items = ", ".join(self.expr(x) for x in v)
+            return self._temp(v, f"{self.ns.const(collections.deque, 'T')}([{items}], {v.maxlen!r})")
         if type(v) is set:
             items = ", ".join(self.expr(x) for x in v)
             return self._temp(v, f"{{{items}}}" if v else "set()")
@@ -149,6 +155,9 @@ def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
     """Attribute/global/cell writes in program order, then tracked containers' contents."""
     out = []
     for se in tracer.side_effects:
+        if se.value is _DELETED:
+            out.append(f"delattr({se.target}, {se.name!r})")
+            continue
         value = r.expr(se.value)
         if se.kind == "setattr":
             out.append(f"setattr({se.target}, {se.name!r}, {value})")

@@ -23,12 +23,10 @@ _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASY
 
 # Opcodes whose presence means "a construct we do not model", with the user-facing reason.
 _UNMODELED = {
-    "PUSH_EXC_INFO": "try/except (exception handling is not modeled)",
     "SETUP_WITH": "with-block (context managers are not modeled)",
     "YIELD_VALUE": "generator",
     "RETURN_GENERATOR": "generator",
     "LOAD_BUILD_CLASS": "class definition inside the function",
-    "LOAD_SUPER_ATTR": "super() call",
     "MATCH_CLASS": "match statement",
     "MATCH_MAPPING": "match statement",
     "MATCH_SEQUENCE": "match statement",
@@ -38,13 +36,14 @@ _UNMODELED = {
     "IMPORT_STAR": "import *",
     "DELETE_GLOBAL": "del of a global",
     "DELETE_DEREF": "del of a closure variable",
-    "DELETE_ATTR": "del of an attribute",
     "GET_AWAITABLE": "await",
     "BEFORE_ASYNC_WITH": "async with",
     "SEND": "generator send/await",
 }
-# Only reached while an exception propagates, which traced code never does.
-_EXCEPTION_PATH_ONLY = {"RERAISE", "POP_EXCEPT", "CHECK_EXC_MATCH", "WITH_EXCEPT_START",
+# Only reached while an exception propagates, which traced code never does (a Python error
+# while tracing is a graph break, and a break inside a try block is not split: see
+# ``CodeInfo.in_try``).
+_EXCEPTION_PATH_ONLY = {"PUSH_EXC_INFO", "RERAISE", "POP_EXCEPT", "CHECK_EXC_MATCH", "WITH_EXCEPT_START",
                         "CLEANUP_THROW", "END_ASYNC_FOR"}
 
 
@@ -54,6 +53,10 @@ class CodeInfo:
     index_of: dict
     lines: dict           # offset -> line number
     unsupported: str | None
+    # Why a graph break in this code cannot be split (a try block, or a with-block over
+    # something other than grad mode): code run natively from a break would not see the
+    # handler or ``__exit__`` if it raised. None when breaks can be split.
+    unsplittable: str | None = None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -66,7 +69,30 @@ def code_info(code: types.CodeType) -> CodeInfo:
         if starts.get(inst.offset) is not None:
             line = starts[inst.offset]
         lines[inst.offset] = line
-    return CodeInfo(insts, index_of, lines, _scan(code, insts))
+    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts))
+
+
+def _unsplittable(insts: list) -> str | None:
+    for i, inst in enumerate(insts):
+        if inst.opname == "PUSH_EXC_INFO" and insts[i + 1].opname != "WITH_EXCEPT_START":
+            return "a try block"
+        if inst.opname == "BEFORE_WITH" and not _is_grad_mode_with(insts, i):
+            return "a with-block over a context manager other than grad mode"
+    return None
+
+
+_GRAD_CTX_NAMES = {"no_grad", "enable_grad"}
+_CALL_SETUP = {"PRECALL", "CALL", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
+
+
+def _is_grad_mode_with(insts: list, i: int) -> bool:
+    """Does the with-statement at ``insts[i]`` read ``no_grad``/``enable_grad`` and call it?
+    (A break inside such a block is split: the resumed code restores grad mode.)"""
+    j = i - 1
+    while j >= 0 and insts[j].opname in _CALL_SETUP:
+        j -= 1
+    return j >= 0 and insts[j].argval in _GRAD_CTX_NAMES and insts[j].opname in (
+        "LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST")
 
 
 def _scan(code: types.CodeType, insts: list) -> str | None:
@@ -79,32 +105,11 @@ def _scan(code: types.CodeType, insts: list) -> str | None:
             continue
         if inst.opname == "PUSH_EXC_INFO" and insts[i + 1].opname == "WITH_EXCEPT_START":
             continue  # a with-block's cleanup; BEFORE_WITH decides if the block is modeled
-        if inst.opname == "BEFORE_WITH" and not _is_grad_mode_with(insts, i):
-            return "with-block (only `with torch.no_grad()` / `torch.enable_grad()` is modeled)"
         if inst.opname in _UNMODELED:
             return _UNMODELED[inst.opname]
         if inst.opname not in HANDLERS and inst.opname not in _EXCEPTION_PATH_ONLY:
             return f"bytecode {inst.opname} is not supported by the tracer"
-    if "super" in code.co_names and "__class__" in code.co_freevars:
-        return "super() call"
     return None
-
-
-_GRAD_CTX_NAMES = {"no_grad", "enable_grad"}
-_CALL_SETUP = {"PRECALL", "CALL", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
-
-
-def _is_grad_mode_with(insts: list, i: int) -> bool:
-    """Does the with-statement at ``insts[i]`` read ``no_grad``/``enable_grad`` and call it?
-
-    Decided statically, so a with-block over anything else makes the whole code object
-    unsupported up front instead of surfacing halfway through a call after a graph break.
-    """
-    j = i - 1
-    while j >= 0 and insts[j].opname in _CALL_SETUP:
-        j -= 1
-    return j >= 0 and insts[j].argval in _GRAD_CTX_NAMES and insts[j].opname in (
-        "LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST")
 
 
 def is_genexpr(code: types.CodeType) -> bool:

@@ -7,11 +7,14 @@ handler checks ``PY311``. Data opcodes (operators, containers, calls, attributes
 """
 from __future__ import annotations
 
+import inspect
+import types
+
 from minicompile.capture import semantics
 from minicompile.capture.frame import PY311, Frame
 from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GraphBreak, SymCell,
-                                           SymFunction, SymIter)
+from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GraphBreak, SymBoundMethod,
+                                           SymCell, SymFunction, SymIter)
 
 MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
 
@@ -262,10 +265,18 @@ def _raise(frame, inst):
 @op("BEFORE_WITH")
 def _before_with(frame, inst):
     ctx = frame.stack[-1]
-    if not isinstance(ctx, GradModeCtx):
-        raise GraphBreak(f"with-block over a {type(ctx).__name__} (only torch.no_grad()/"
-                          f"enable_grad() are modeled)")
     tracer = frame.tracer
+    if not isinstance(ctx, GradModeCtx):
+        # A context manager written in Python: __enter__ inlined now, __exit__ when the
+        # block is left normally (exception paths are not traced).
+        enter, exit_ = (inspect.getattr_static(type(ctx), m, None) for m in ("__enter__", "__exit__"))
+        if not (isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType)):
+            raise GraphBreak(f"with-block over a {type(ctx).__name__} (its __enter__/__exit__ are not Python)")
+        result = tracer.call(enter, [ctx], {})
+        frame.pop()
+        frame.push(SymBoundMethod(exit_, ctx))
+        frame.push(result)
+        return
     frame.pop()
     frame.push(GradModeExit(tracer.grad_enabled))
     tracer.set_grad(ctx.enabled)

@@ -5,10 +5,11 @@ so a graph break can hand the untouched stack to real Python.
 """
 from __future__ import annotations
 
+import builtins
 import dis
 import operator
 
-from minicompile.capture import semantics
+from minicompile.capture import objects, semantics
 from minicompile.capture.calls import call
 from minicompile.capture.frame import PY311
 from minicompile.capture.registry import HANDLERS, op
@@ -54,6 +55,7 @@ HANDLERS.update({
     "STORE_SLICE": _on_top(4, lambda tr, inst, value, obj, start, stop: semantics.store_subscr(
         tr, obj, slice(start, stop), value), push=False),
     "DELETE_SUBSCR": _on_top(2, lambda tr, inst, obj, key: semantics.delete_subscr(tr, obj, key), push=False),
+    "DELETE_ATTR": _on_top(1, lambda tr, inst, obj: semantics.delattr_(tr, obj, inst.argval), push=False),
     "STORE_ATTR": _on_top(2, lambda tr, inst, value, obj: semantics.setattr_(tr, obj, inst.argval, value),
                           push=False),
 })
@@ -170,6 +172,19 @@ def _load_attr(frame, inst):
     value = semantics.getattr_(frame.tracer, obj, inst.argval)
     frame.pop()
     if not PY311 and inst.arg & 1:  # 3.12 method form: [NULL, bound] behaves like [meth, self]
+        frame.push(NULL)
+    frame.push(value)
+
+
+@op("LOAD_SUPER_ATTR")
+def _load_super_attr(frame, inst):
+    """3.12's ``super().name``: [super, __class__, self] on the stack."""
+    glob, cls, self_ = frame.stack[-3:]
+    if glob is not builtins.super:
+        raise GraphBreak("LOAD_SUPER_ATTR with a shadowed super")
+    value = semantics.getattr_(frame.tracer, objects.make_super(frame.tracer, [cls, self_]), inst.argval)
+    frame.popn(3)
+    if inst.arg & 1:
         frame.push(NULL)
     frame.push(value)
 

@@ -7,12 +7,14 @@ top-level call instruction that led there).
 """
 from __future__ import annotations
 
+import collections
 import operator
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 
+from minicompile.capture import objects
 from minicompile.capture.calls import call
 from minicompile.capture.codegen import Reifier, compile_function, side_effect_lines
 from minicompile.capture.frame import Frame, arg_names
@@ -80,6 +82,10 @@ def trace_segment(cache, offset: int, L: tuple) -> Entry:
             if frame is not None and top is not None and top not in forced:
                 inst = frame.insts[frame.info.index_of[top]]
                 if inst.opname in NATIVE_STEPS:
+                    if frame.info.unsplittable:
+                        raise CannotCapture(f"{e.reason}; {cache.code.co_name}() has "
+                                            f"{frame.info.unsplittable} (try/with-block), where a "
+                                            f"break is not split", e.where) from None
                     forced[top] = (e.reason, e.where or frame.where())
                     continue
             raise CannotCapture(e.reason, e.where) from None
@@ -111,7 +117,7 @@ def _make_frame(cache, tracer: Tracer, offset: int, L: tuple) -> Frame:
     return Frame(tracer, code, cache.globals, local_values, cells, 0, offset, stack)
 
 
-def _collect_tensors(values, out: dict, seen: set) -> None:
+def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
     """Every TensorVar reachable from ``values`` (in a stable order), for graph outputs."""
     todo = list(values)
     while todo:
@@ -121,7 +127,9 @@ def _collect_tensors(values, out: dict, seen: set) -> None:
         seen.add(id(v))
         if isinstance(v, TensorVar):
             out.setdefault(id(v), v)
-        elif isinstance(v, (tuple, list)):
+        elif id(v) in new_objects:
+            todo.extend(objects.children(v))
+        elif isinstance(v, (tuple, list, collections.deque)):
             todo.extend(v)
         elif isinstance(v, dict):
             todo.extend(v.values())
@@ -170,7 +178,7 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
         live = [locals_, cells, list(frame.stack)]
     live += [se.value for se in tracer.side_effects] + [t.copy for t in tracer.tracked]
     found: dict = {}
-    _collect_tensors(live, found, set())
+    _collect_tensors(live, found, set(), tracer.new_objects)
     outputs = [v for v in found.values() if v.source is None]
     graph = tracer.graph
     ops = sum(1 for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))

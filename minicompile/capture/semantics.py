@@ -4,6 +4,7 @@ and attributes. Opcode handlers and builtin handlers both call into here.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import inspect
 import numbers
 import operator
@@ -12,6 +13,7 @@ import types
 import torch
 from torch import nn
 
+from minicompile.capture import objects
 from minicompile.capture.tracer import Tracer, is_stable_module
 from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, SymBoundMethod, SymCell,
                                            SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic)
@@ -39,7 +41,7 @@ DICT_TYPES = (dict, collections.OrderedDict)
 MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
 # ``__getitem__`` implementations that only read storage: safe to run on the real object.
 _STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
-_PLAIN = (int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
+_PLAIN = (types.MappingProxyType, collections.deque, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
           slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS)
 
 # Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
@@ -111,6 +113,9 @@ def truth(tracer: Tracer, v) -> bool:
     cls = type(v)
     if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
         return True
+    if tracer.is_new(v) and not any(isinstance(inspect.getattr_static(cls, m, None), types.FunctionType)
+                                    for m in ("__bool__", "__len__")):
+        return bool(v)   # a builtin base's length: how many items the traced object holds
     raise GraphBreak(f"truth value of a {cls.__name__} runs user code (__bool__/__len__)")
 
 
@@ -134,13 +139,16 @@ def contains(tracer: Tracer, item, container) -> bool:
                                  and x == item) for x in container)
     if isinstance(container, dict):
         return item in container
+    hook = inspect.getattr_static(type(container), "__contains__", None)
+    if isinstance(hook, types.FunctionType) and not isinstance(container, nn.Module):
+        return truth(tracer, tracer.call(hook, [container, item], {}))
     raise GraphBreak(f"`in` on {type(container).__name__}")
 
 
 # ---------------------------------------------------------------------- iteration
 def iterate(tracer: Tracer, v) -> list:
     """The items ``for x in v`` would produce, computed now (loops are unrolled)."""
-    if isinstance(v, (tuple, list)):
+    if isinstance(v, (tuple, list, collections.deque)):
         return list(v)
     if isinstance(v, dict):
         return list(v.keys())
@@ -160,7 +168,21 @@ def iterate(tracer: Tracer, v) -> list:
         return list(v._modules.keys())
     if isinstance(v, nn.ParameterList):
         return [module_attr(tracer, v, name) for name in v._parameters]
-    raise GraphBreak(f"iteration over a {type(v).__name__}")
+    return _sequence_items(tracer, v)
+
+
+def _sequence_items(tracer: Tracer, v) -> list:
+    """A ``collections.abc.Sequence`` that keeps the inherited ``__iter__`` (``self[i]`` until
+    IndexError) with ``__len__``/``__getitem__`` in Python: its ``len()`` items by index."""
+    cls = type(v)
+    length, getitem = (inspect.getattr_static(cls, m, None) for m in ("__len__", "__getitem__"))
+    if inspect.getattr_static(cls, "__iter__", None) is not collections.abc.Sequence.__iter__ or not (
+            isinstance(length, types.FunctionType) and isinstance(getitem, types.FunctionType)):
+        raise GraphBreak(f"iteration over a {cls.__name__}")
+    n = tracer.call(length, [v], {})
+    if type(n) is not int:
+        raise GraphBreak(f"len() of a {cls.__name__} is not a constant")
+    return [tracer.call(getitem, [v, i], {}) for i in range(n)]
 
 
 # ---------------------------------------------------------------------- subscripts
@@ -169,7 +191,7 @@ def subscr(tracer: Tracer, obj, key):
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
         raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")
-    if type(obj) in (tuple, list, str, bytes, range, torch.Size) or is_record(obj):
+    if type(obj) in (tuple, list, str, bytes, range, torch.Size, collections.deque) or is_record(obj):
         return obj[key]
     if type(obj) in DICT_TYPES:
         if key not in obj:
@@ -191,6 +213,9 @@ def subscr(tracer: Tracer, obj, key):
     if isinstance(obj, (nn.ParameterList, nn.ParameterDict)):
         name = str(key) if isinstance(obj, nn.ParameterList) else key
         return module_attr(tracer, obj, name)
+    hook = inspect.getattr_static(type(obj), "__getitem__", None)
+    if isinstance(hook, types.FunctionType) and not isinstance(obj, nn.Module):
+        return tracer.call(hook, [obj, key], {})
     raise GraphBreak(f"subscript of a {type(obj).__name__}")
 
 
@@ -200,6 +225,8 @@ def _subclass_item(tracer: Tracer, obj, key):
     getitem = getattr(type(obj), "__getitem__")
     if isinstance(getitem, types.FunctionType):
         return tracer.call(getitem, [obj, key], {})
+    if tracer.is_new(obj):
+        return objects.native_method(tracer, getitem.__get__(obj), [key], {})
     src = tracer.source_of(obj)
     if getitem not in _STORAGE_GETITEM or src is None or type(key) not in (int, str):
         raise GraphBreak(f"subscript of a {type(obj).__name__}")
@@ -214,6 +241,13 @@ def store_subscr(tracer: Tracer, obj, key, value) -> None:
         raise GraphBreak("storing into a container with a tensor key")
     if type(obj) in MUTABLE_CONTAINERS:
         obj[key] = value  # traced on a copy; tracked input containers are replayed afterwards
+        return
+    setitem = inspect.getattr_static(type(obj), "__setitem__", None)
+    if isinstance(setitem, types.FunctionType) and not isinstance(obj, nn.Module):
+        tracer.call(setitem, [obj, key, value], {})
+        return
+    if tracer.is_new(obj) and setitem is not None:
+        objects.native_method(tracer, setitem.__get__(obj), [key, value], {})
         return
     raise GraphBreak(f"item assignment on a {type(obj).__name__}")
 
@@ -252,8 +286,10 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
     try:
         attr = inspect.getattr_static(type(obj), name)
     except AttributeError:
-        if type(obj).__getattr__ is not object.__getattribute__ and not isinstance(obj, nn.Module) \
-                and hasattr(type(obj), "__getattr__"):
+        hook = inspect.getattr_static(type(obj), "__getattr__", None)
+        if isinstance(hook, types.FunctionType) and not isinstance(obj, nn.Module):
+            return tracer.call(hook, [obj, name], {})   # the attribute is missing: __getattr__ runs
+        if hook is not None and not isinstance(obj, nn.Module):
             raise GraphBreak(f"{type(obj).__name__}.__getattr__ runs user code") from None
         raise GraphBreak(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
     if isinstance(attr, types.FunctionType):
@@ -273,12 +309,16 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
     return tracer.wrap(attr, f"type({src}).{name}")
 
 
-def getattr_(tracer: Tracer, obj, name: str):
+def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if isinstance(obj, TensorVar):
         return tensor_attr(tracer, obj, name)
     over = tracer.overlay(obj, name)
     if over is not NULL:
         return over
+    if tracer.is_new(obj):
+        return objects.new_attr(tracer, obj, name)
+    if type(obj) is super:
+        return objects.super_attr(tracer, obj, name)
     if isinstance(obj, nn.Module):
         return module_attr(tracer, obj, name)
     if isinstance(obj, types.ModuleType):
@@ -290,9 +330,16 @@ def getattr_(tracer: Tracer, obj, name: str):
         return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
     if isinstance(obj, type):
         value = getattr(obj, name)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) or type(value) in _GUARDED_CLASS_ATTRS:
+            # tensors are inputs, constants are guarded, containers are traced on copies
             return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
         return value
+    if is_record(obj) and name not in getattr(type(obj), "_fields", ()):
+        method = inspect.getattr_static(type(obj), name, None)
+        if isinstance(method, (types.FunctionType, classmethod)) and contains_symbolic(obj):
+            # a Python method of a namedtuple holding traced values (``_replace``): inlined,
+            # never a real bound method that would carry the traced values out of the trace
+            return objects.bind_class_attr(tracer, obj, method, name)
     if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
             name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
         return getattr(obj, name)   # (a subclass's attributes are read as an object's)
@@ -311,13 +358,16 @@ def getattr_(tracer: Tracer, obj, name: str):
             return obj.func
         raise GraphBreak(f"attribute {name} of a bound method")
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__", "__wrapped__"):
             return getattr(obj, name)
         if name in ("__self__", "__func__"):
             return getattr(obj, name)
         raise GraphBreak(f"attribute {name} of a function")
     if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
         raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
+    hook = inspect.getattr_static(type(obj), "__getattribute__", None) if hooks else None
+    if isinstance(hook, types.FunctionType):   # a Python __getattribute__ decides: inline it
+        return tracer.call(hook, [obj, name], {})
     src = _obj_source(tracer, obj)
     d = getattr(obj, "__dict__", None)
     traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
@@ -328,7 +378,8 @@ def getattr_(tracer: Tracer, obj, name: str):
     return class_attr(tracer, obj, name, src)
 
 
-_PLAIN_ATTR_TYPES = {list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
+_GUARDED_CLASS_ATTRS = {int, float, bool, str, type(None), list, dict, collections.OrderedDict, set}
+_PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
                      torch.dtype, torch.device, int, float, complex, bool, type(None)}
 
 
@@ -347,20 +398,50 @@ def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
     attr = getattr(torch.Tensor, name, None)
     if callable(attr) and not isinstance(attr, type):
         return TensorMethod(t, name)
+    if not hasattr(t.cls, name):   # tensors have no instance attributes the graph could set
+        raise GraphBreak(f"AttributeError: '{t.cls.__name__}' object has no attribute {name!r}")
     raise GraphBreak(f"tensor attribute {name!r}")
 
 
-def setattr_(tracer: Tracer, obj, name: str, value) -> None:
+def setattr_(tracer: Tracer, obj, name: str, value, hooks: bool = True) -> None:
     if isinstance(obj, TensorVar):
         raise GraphBreak(f"setting tensor.{name}")
+    if tracer.is_new(obj):
+        objects.set_new_attr(tracer, obj, name, value)
+        return
     if isinstance(obj, (SymFunction, SymIter, SymCell, SymBoundMethod, TensorMethod)) or is_plain(obj):
         raise GraphBreak(f"setting attribute {name} on {type(obj).__name__}")
+    hook = inspect.getattr_static(type(obj), "__setattr__", None) if hooks else None
+    if isinstance(hook, types.FunctionType) and not isinstance(obj, nn.Module):
+        tracer.call(hook, [obj, name, value], {})   # a Python __setattr__ decides: inline it
+        return
     if isinstance(obj, nn.Module) and isinstance(value, TensorVar) and (
             name in obj._parameters or name in obj._buffers):
         raise GraphBreak(f"assigning a traced tensor to parameter/buffer {name!r}")
     if tracer.source_of(obj) is None:
         tracer.const_source(obj, "obj")
     tracer.record_setattr(obj, name, value)
+
+
+def delattr_(tracer: Tracer, obj, name: str) -> None:
+    """``del obj.name``: on an object made while tracing, from its ``__dict__``; on another
+    plain object, a recorded write (later reads in the trace raise AttributeError)."""
+    hook = inspect.getattr_static(type(obj), "__delattr__", None)
+    if tracer.is_new(obj) and hook is object.__delattr__ and name in obj.__dict__:
+        del obj.__dict__[name]
+        return
+    if (isinstance(obj, (TensorVar, nn.Module)) or tracer.is_new(obj) or is_plain(obj)
+            or hook is not object.__delattr__
+            or not (name in getattr(obj, "__dict__", {}) or (id(obj), name) in tracer.attr_overlay)):
+        raise GraphBreak(f"del of attribute {name} on a {type(obj).__name__}")
+    getattr_(tracer, obj, name)   # its source and guards; an earlier del in the trace raises
+    tracer.record_delattr(obj, name)
+
+
+objects._SOURCED_C_METHODS.update({   # super().__getattribute__/__setattr__: the plain path
+    (object, "__getattribute__"): lambda tracer, obj, name: getattr_(tracer, obj, name, hooks=False),
+    (object, "__setattr__"): lambda tracer, obj, name, value: setattr_(tracer, obj, name, value, hooks=False),
+})
 
 
 def split_call(stack: list, argc: int, kw_names: tuple):

@@ -108,6 +108,7 @@ class Tracer:
         self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
         self._keep: list = []         # real objects whose ids we index must stay alive
         self.view_owner: dict[int, tuple] = {}   # id(dict view) -> (its dict, "keys"|...)
+        self.new_objects: dict[int, object] = {}  # objects made while tracing (capture.objects)
 
     def call(self, fn, args: list, kwargs: dict):
         """Trace a call of ``fn``: inline a Python function, or record a known callable."""
@@ -116,6 +117,12 @@ class Tracer:
     # ------------------------------------------------------------------ locations
     def where(self) -> str | None:
         return self.frames[-1].where() if self.frames else None
+
+    def add_new(self, obj) -> None:
+        self.new_objects[id(obj)] = obj
+
+    def is_new(self, obj) -> bool:
+        return id(obj) in self.new_objects
 
     # ------------------------------------------------------------------ sources
     def source_of(self, obj) -> str | None:
@@ -304,8 +311,14 @@ class Tracer:
         self.attr_overlay[(id(cell), "cell_contents")] = value
         self.side_effects.append(SideEffect("cell", src, "cell_contents", value))
 
+    def record_delattr(self, obj, name: str) -> None:
+        self.record_setattr(obj, name, _DELETED)
+
     def overlay(self, obj, name: str, default=NULL):
-        return self.attr_overlay.get((id(obj), name), default)
+        value = self.attr_overlay.get((id(obj), name), default)
+        if value is _DELETED:   # deleted in this trace (a class attribute would show: not modeled)
+            raise GraphBreak(f"AttributeError: attribute {name!r} was deleted")
+        return value
 
     # ------------------------------------------------------------------ grad mode
     def set_grad(self, enabled: bool) -> None:
@@ -376,6 +389,9 @@ class Tracer:
                 return tuple(items)
             return type(result)(items)  # torch.return_types structseqs take one sequence
         raise GraphBreak(f"op returned {type(result).__name__} holding tensors")
+
+
+_DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>"})()
 
 
 def _readable(source: str, names: dict) -> str:

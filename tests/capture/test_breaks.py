@@ -72,7 +72,7 @@ class Box:
 
 
 def f_user_class(x):
-    b = Box(x * 2)       # constructing a user class runs in Python
+    b = Box(x * 2)       # a user class made while tracing: __init__ inlined
     return b.v + 1
 
 
@@ -118,8 +118,9 @@ def test_unsupported_builtin_breaks():
     assert "getpid" in report.breaks[0].reason
 
 
-def test_user_class_constructor_breaks():
-    check_capture(f_user_class, t(4), graphs=2, breaks=1)
+def test_user_class_constructor_is_traced():
+    # the instance is made while tracing (__init__ inlined) and rebuilt if it escapes
+    check_capture(f_user_class, t(4), graphs=1, breaks=0)
 
 
 def test_int_of_tensor_breaks():
@@ -160,9 +161,21 @@ def f_generator(x):
         yield x * i
 
 
-def test_try_except_falls_back_to_fx():
-    report = check_capture(f_try_except, t(3), graphs=0, breaks=0, fallbacks=1)
-    assert report.fallbacks[0].kind == "fx" and "try/except" in report.fallbacks[0].reason
+def test_try_except_traced_when_nothing_raises():
+    check_capture(f_try_except, t(3), graphs=1, breaks=0)
+
+
+def test_break_in_function_with_try_falls_back():
+    def f(x):
+        try:
+            y = x * 2
+            print(end="")
+        except RuntimeError:
+            y = x
+        return y + 1
+
+    report = check_capture(f, t(3), graphs=0, breaks=0, fallbacks=1)
+    assert "try block" in report.fallbacks[0].reason
 
 
 def test_unmodeled_with_block_falls_back_to_eager():
@@ -178,7 +191,7 @@ def test_generator_function_runs_eagerly():
     assert cf.capture_report.fallbacks[0].kind == "eager"
 
 
-def test_try_except_in_helper_is_a_break():
+def test_try_except_in_helper_is_inlined():
     def helper(y):
         try:
             return y.sin()
@@ -188,8 +201,7 @@ def test_try_except_in_helper_is_a_break():
     def f(x):
         return helper(x * 2) + 1
 
-    report = check_capture(f, t(3), graphs=2, breaks=1, fallbacks=1)
-    assert "try/except" in report.breaks[0].reason
+    check_capture(f, t(3), graphs=1, breaks=0)
 
 
 def test_list_mutation_side_effect_replayed():

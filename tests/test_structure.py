@@ -34,7 +34,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # above that: lower it as code is removed, never raise it by habit. Symbolic sizes (~250 lines) and
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
-CORE_LINE_BUDGET = 12_600
+# Symbolic sizes in the Triton kernels and launcher, symbolic cat/pad/slice/argmax lowerings and
+# fusion of coarser symbolic ranges added ~120 lines (12,649).
+CORE_LINE_BUDGET = 12_660
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
@@ -48,6 +50,8 @@ ALLOWED_FUNCTION_IMPORTS = {
         "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
     ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
     ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/testing/fuzz.py", "minicompile.testing.fuzz_dynamic"):
+        "fuzz_dynamic builds on fuzz (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/runtime/triton_launch.py", "triton"): "optional dependency: a clear error where it is missing",
     ("minicompile/runtime/triton_launch.py", "triton.testing"): "optional dependency, autotuning only",
     ("minicompile/runtime/triton_interpret.py", "triton.runtime.interpreter"):

@@ -122,16 +122,17 @@ def _divisor(r, d):
 
 @dataclass(frozen=True)
 class Clamp(Atom):
-    """min(max(arg, lo), hi): keeps a load in bounds where a mask selects another value."""
+    """min(max(arg, lo), hi): keeps a load in bounds where a mask selects another value.
+    ``hi`` is an Expr where it is the last index of a symbolic size."""
     arg: "Expr"
     lo: int
-    hi: int
+    hi: Union[int, "Expr"]
 
     def range(self):
-        return (self.lo, self.hi)
+        return (self.lo, self.hi if isinstance(self.hi, int) else self.hi.range()[1])
 
     def render(self, r):
-        return r.clamp(r.render(self.arg), self.lo, self.hi)
+        return r.clamp(r.render(self.arg), self.lo, _divisor(r, self.hi))
 
 
 def _atom_key(a: Atom):
@@ -302,9 +303,10 @@ class Expr:
             raise NotSymbolic(f"cannot prove 0 <= {r} < {d}")
         return q, r
 
-    def clamp(self, lo: int, hi: int) -> "Expr":
+    def clamp(self, lo: int, hi) -> "Expr":
+        hi = size_value(hi)
         rlo, rhi = self.range()
-        if rlo >= lo and rhi <= hi:
+        if rlo >= lo and (rhi <= hi if isinstance(hi, int) else _below(self, hi + 1)):
             return self
         return Expr.of(Clamp(self, lo, hi))
 
@@ -345,13 +347,17 @@ class Expr:
 
 
 def _below(r: Expr, d: Expr) -> bool:
-    """0 <= r < d for every size: r's terms are loop variables with non-negative
-    coefficients, and d - 1 - max(r) is a constant >= 0."""
+    """0 <= r < d for every size: r's terms are loop variables, or products of loop variables
+    and symbols (``s1*j``), with non-negative coefficients, and d - 1 - max(r) is a constant >= 0."""
     top = Expr.of(r.const)
     for a, c in r.terms:
-        if not isinstance(a, Var) or c < 0:
+        factors = a.factors if isinstance(a, Prod) else (a,)
+        if c < 0 or not all(isinstance(f, (Var, Sym)) for f in factors) or not any(isinstance(f, Var) for f in factors):
             return False
-        top = top + (Expr.of(a.size) - 1) * c
+        high = Expr.of(c)
+        for f in factors:  # a variable's largest value is its size - 1, a symbol's is itself
+            high = high * (Expr.of(f.size) - 1 if isinstance(f, Var) else Expr.of(f))
+        top = top + high
     slack = d - 1 - top
     return r.const >= 0 and slack.is_const and slack.const >= 0
 

@@ -265,10 +265,11 @@ class Expr:
         for ``self >= 0``: exact terms where ``split_by`` proves them, else FloorDiv/Mod atoms
         over M after the integer division by k (``e // kM == (e // k) // M`` and
         ``e % kM == k*((e // k) % M) + e % k``)."""
-        try:
-            return self.split_by(d)
-        except NotSymbolic:
-            pass
+        for split in (self.split_by, self.split_by_polynomial):
+            try:
+                return split(d)
+            except NotSymbolic:
+                pass
         if len(d.terms) != 1 or d.const != 0 or d.terms[0][1] <= 0 or self.range()[0] < 0:
             raise NotSymbolic(f"division of {self} by {d}")
         atom, k = d.terms[0]
@@ -302,6 +303,33 @@ class Expr:
         if not _below(r, d):
             raise NotSymbolic(f"cannot prove 0 <= {r} < {d}")
         return q, r
+
+    def split_by_polynomial(self, d: "Expr") -> tuple:
+        """(self // d, self % d) for ``d = k*P``, P a polynomial such as ``s0 + 1`` (a KV cache
+        one token longer than the past), when ``self == A*P + r`` with ``0 <= r < P`` provable:
+        then ``self // d == A // k`` and ``self % d == (A % k)*P + r``. A collects the terms
+        that are multiples of P's leading monomial. A low part below a divisor m of k comes off
+        first: ``(m*big + small) // (k*P) == big // ((k/m)*P)``."""
+        k = math.gcd(d.const, *(c for _, c in d.terms))
+        split = _split_below(self, k) if k > 1 else None
+        if split:
+            m, big, small = split
+            q, r = big.split_by_polynomial(Expr._make({a: c // m for a, c in d.terms}, d.const // m))
+            return q, r * m + small
+        P = Expr._make({a: c // k for a, c in d.terms}, d.const // k)
+        lead, lead_c = max(P.terms, key=lambda t: len(t[0].factors) if isinstance(t[0], Prod) else 1)
+        lfs = lead.factors if isinstance(lead, Prod) else (lead,)
+        quot = {}
+        for a, c in self.terms:
+            fs = list(a.factors if isinstance(a, Prod) else (a,))
+            if c % lead_c == 0 and all(f in fs and not fs.remove(f) for f in lfs):
+                key = None if not fs else fs[0] if len(fs) == 1 else Prod(tuple(fs))
+                quot[key] = quot.get(key, 0) + c // lead_c
+        A = Expr._make({a: c for a, c in quot.items() if a is not None}, quot.get(None, 0))
+        r = self - A * P
+        if P.range()[0] < 1 or A.range()[0] < 0 or not _below(r, P):
+            raise NotSymbolic(f"division of {self} by {d}")
+        return A // k, (A % k) * P + r
 
     def clamp(self, lo: int, hi) -> "Expr":
         hi = size_value(hi)

@@ -9,8 +9,14 @@ length of the GPT-2 block, marked dynamic with ``torch._dynamo.mark_dynamic``, c
 half the measured size and then *called* at the measured size, so the timed build is the one
 that serves every size). Every column's output at the measured size is compared with eager,
 and the compiles each column made are counted (a dynamic column must not recompile for the
-measured size). Then each repetition times one call of every column in turn (interleaved,
-starting at another column each time: tools/bench.time_interleaved); the table shows medians.
+measured size). Then each repetition times every column in turn (interleaved, starting at
+another column each time: tools/bench.time_interleaved), each step calling the column as
+often as fills about 10 ms; the table shows medians per call, and the largest spread
+(max - min over the median) of any column, a measure of how noisy the machine was. Every
+column runs on one thread (OMP_NUM_THREADS=1, torch.set_num_threads(1)) and is timed by the
+process's CPU time, not wall time: on a machine shared with other work, a wall-clock step
+mostly measures how long the scheduler kept us waiting. This compares the kernels, not
+their threading.
 Both compilers start from empty caches. Measured numbers are in docs/dynamic.md.
 """
 from __future__ import annotations
@@ -20,11 +26,13 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 _CACHES = tempfile.TemporaryDirectory(prefix="bench-dynamic-")   # set before torch/minicompile read them
 os.environ["MINICOMPILE_CACHE_DIR"] = os.path.join(_CACHES.name, "minicompile")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHES.name, "inductor")
 os.environ["MINICOMPILE_FALLBACK"] = "0"   # a failed compile must not time eager under our name
+os.environ["OMP_NUM_THREADS"] = "1"        # one thread, timed by its CPU time (see the docstring)
 
 import torch  # noqa: E402
 from torch._inductor.compile_fx import compile_fx  # noqa: E402  (the comparison only)
@@ -68,14 +76,27 @@ def setup(name: str, size: str) -> tuple[dict, dict, torch.Tensor]:
     return calls, counts, expected
 
 
+def batched(call, seconds: float = 0.01):
+    """``call`` repeated often enough that one timed step takes about ``seconds`` (a short call
+    timed alone mostly measures the scheduler of a busy machine); returns (step, calls per step)."""
+    t0 = time.process_time()
+    call()
+    n = max(1, int(seconds / max(time.process_time() - t0, 1e-6)))
+
+    def step():
+        for _ in range(n):
+            call()
+    return step, n
+
+
 def bench(name: str, size: str, reps: int) -> list:
     with torch.no_grad():
         calls, counts, _ = setup(name, size)
-        for call in calls.values():   # warm up every column
-            call()
-        times = time_interleaved(list(calls.values()), reps)
-    med = {col: statistics.median(t) for col, t in zip(calls, times)}
-    spread = {col: (max(t) - min(t)) / statistics.median(t) for col, t in zip(calls, times)}
+        steps = {col: batched(call) for col, call in calls.items()}   # also warms every column up
+        times = time_interleaved([step for step, _ in steps.values()], reps, clock=time.process_time)
+    per_call = {col: [t / steps[col][1] for t in ts] for col, ts in zip(calls, times)}
+    med = {col: statistics.median(t) for col, t in per_call.items()}
+    spread = {col: (max(t) - min(t)) / statistics.median(t) for col, t in per_call.items()}
     w = WORKLOADS[name]
     row = [name, w.describe(w.sizes[size])] + [f"{med[c] * 1e3:.3f}" for c in COLUMNS]
     row += [f"{med['mc static'] / med['mc dynamic']:.2f}x", f"{med['inductor dynamic'] / med['mc dynamic']:.2f}x",
@@ -89,6 +110,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=21)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     args = p.parse_args(argv)
+    torch.set_num_threads(1)
     rows = [["workload", "shape", *(f"{c} ms" for c in COLUMNS), "mc static/dynamic",
              "ind dyn/mc dyn", "compiles (mc s, mc d, ind s, ind d)", "max spread"]]
     for name in args.workloads.split(","):
@@ -97,7 +119,8 @@ def main(argv=None) -> int:
         torch._dynamo.reset()
     info = machine_info()
     print(f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads), "
-          f"size {args.size}; medians of {args.reps} interleaved reps; 'x' columns above 1.00 favour mc dynamic")
+          f"size {args.size}; one thread, CPU time; medians of {args.reps} interleaved reps; "
+          "'x' columns above 1.00 favour mc dynamic")
     print(_render(rows))
     return 0
 

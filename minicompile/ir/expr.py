@@ -95,7 +95,8 @@ class FloorDiv(Atom):
     def range(self):
         lo, hi = self.arg.range()
         if isinstance(self.divisor, Expr):
-            return (0, hi // 2)
+            m = _quotient_bound(self.arg, self.divisor)
+            return (0, hi // 2 if m is None else m - 1)
         return (lo // self.divisor, hi // self.divisor)
 
     def render(self, r):
@@ -377,17 +378,34 @@ class Expr:
 def _below(r: Expr, d: Expr) -> bool:
     """0 <= r < d for every size: r's terms are loop variables, or products of loop variables
     and symbols (``s1*j``), with non-negative coefficients, and d - 1 - max(r) is a constant >= 0."""
+    top = _largest(r)
+    if top is None:
+        return False
+    slack = d - 1 - top
+    return slack.is_const and slack.const >= 0
+
+
+def _largest(r: Expr) -> Expr | None:
+    """r's largest value over its loop variables, as an Expr over symbols, where r >= 0 is plain."""
     top = Expr.of(r.const)
     for a, c in r.terms:
         factors = a.factors if isinstance(a, Prod) else (a,)
         if c < 0 or not all(isinstance(f, (Var, Sym)) for f in factors) or not any(isinstance(f, Var) for f in factors):
-            return False
+            return None
         high = Expr.of(c)
         for f in factors:  # a variable's largest value is its size - 1, a symbol's is itself
             high = high * (Expr.of(f.size) - 1 if isinstance(f, Var) else Expr.of(f))
         top = top + high
-    slack = d - 1 - top
-    return r.const >= 0 and slack.is_const and slack.const >= 0
+    return top if r.const >= 0 else None
+
+
+def _quotient_bound(arg: Expr, d: Expr) -> int | None:
+    """An int m with arg < m*d for every size (so arg // d < m): x0 < 2*s0 over s0 gives 2."""
+    top = _largest(arg)
+    if top is None or not top.terms or len(d.terms) != len(top.terms):
+        return None
+    m = -(-top.terms[0][1] // d.terms[0][1])
+    return m if m > 0 and _below(arg, d * m) else None
 
 
 def _subst_atom(a: Atom, mapping: dict) -> Expr:

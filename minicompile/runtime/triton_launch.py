@@ -114,8 +114,8 @@ class TritonKernelLauncher:
         if all(e is None or isinstance(e, int) for e in self.extents):
             return tuple(self.extents)
         names = dict(zip(self.arg_names, args))
-        return tuple(e if e is None or isinstance(e, int) else eval(e, {}, names)  # noqa: S307 - our own size expression
-                     for e in self.extents)
+        # the extents are our own generated size expressions (compiled by _extent)
+        return tuple(e if e is None or isinstance(e, int) else eval(e, {}, names) for e in self.extents)  # noqa: S307
 
     # -- candidates -------------------------------------------------------------------------
     def candidates(self, xnumel: int, rnumel) -> list[dict]:

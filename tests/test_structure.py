@@ -35,8 +35,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
 # Symbolic sizes in the Triton kernels and launcher, symbolic cat/pad/slice/argmax lowerings and
-# fusion of coarser symbolic ranges added ~120 lines (12,649).
-CORE_LINE_BUDGET = 12_660
+# fusion of coarser symbolic ranges added ~120 lines (12,649); division by a polynomial (a KV
+# cache s + 1 long, so generate() compiles 3 times, not once per token) and quotient ranges ~45 (12,695).
+CORE_LINE_BUDGET = 12_700
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

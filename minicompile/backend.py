@@ -88,8 +88,6 @@ def _not_symbolic_reason(gm, example_inputs, knobs: dict) -> str | None:
     with patch(**knobs):
         if config.max_autotune or config.cudagraphs:
             return "max-autotune and CUDA graphs time or record one concrete shape"
-        if config.cpu_backend == "triton" or any(isinstance(f, torch.Tensor) and f.device.type != "cpu" for f in fakes):
-            return "the Triton code generator does not take symbolic sizes yet"
     return None
 
 

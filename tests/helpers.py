@@ -83,6 +83,40 @@ def run_sample(sample, backend: str | None = None, device: str = "cpu") -> list:
     return graphs
 
 
+def size_maps(sample) -> list[dict]:
+    """The sizes a dynamic-mode sample is called at, as maps over its input sizes (op_table.resized):
+    as written, every size made odd, and its first input's first size made 1. Sizes 0 and 1 and
+    the sizes the sample hard-codes (``Sample.fixed``) stay."""
+    sizes = [s for t in sample.inputs() if isinstance(t, torch.Tensor) for s in t.shape]
+    free = sorted({s for s in sizes if s >= 2 and s not in sample.fixed})
+    first = [s for s in sample.inputs()[0].shape if s in free][:1]
+    return [{}, {s: s + 1 + s % 2 for s in free}, {s: 1 for s in first}]
+
+
+def run_sample_dynamic(sample, device: str = "cpu") -> list:
+    """An op-table sample compiled once by torch.compile(dynamic=True) (every size symbolic), then
+    called at each of ``size_maps``: every result matches eager. Returns what the backend built
+    (one entry per Dynamo compile: a size 1 makes Dynamo recompile, as do guards on values)."""
+    from tests.op_table import resized
+    fn = functools.partial(sample.fn, **sample.kwargs) if sample.kwargs else sample.fn
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(minicompile_backend(gm, example_inputs))
+        return graphs[-1]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=record, dynamic=True)
+    with torch.no_grad():
+        for size_map in size_maps(sample):
+            with resized(size_map):
+                ref = fn(*[t.to(device) for t in sample.inputs()])
+                out = compiled(*[t.to(device) for t in sample.inputs()])
+            diff = mismatch(ref, out, tolerances=same_tolerance(sample.rtol, sample.atol))
+            assert diff is None, f"at sizes {size_map or 'as written'}: {diff}"
+    torch._dynamo.reset()
+    return graphs
+
+
 def subprocess_env(**overrides) -> dict:
     """The environment of a Python the tests start: the test run's knobs (no eager fallback, the
     test cache directory), MINICOMPILE_DEBUG unset, then ``overrides``."""

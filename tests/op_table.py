@@ -6,6 +6,7 @@ the same table.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,9 +23,29 @@ class Sample:
     atol: float = 1e-5
     rtol: float = 1e-5
     kwargs: dict = field(default_factory=dict)   # passed to fn after the inputs
+    fixed: tuple = ()          # sizes fn hard-codes: the dynamic mode keeps them (tests/dynamic_table.py)
+
+
+# The dynamic mode calls a sample at other sizes: each input size is looked up here (original
+# size -> size at this call), so sizes equal in the sample stay equal, as broadcasting needs.
+_SIZE_MAP: dict = {}
+
+
+@contextlib.contextmanager
+def resized(size_map: dict):
+    """``sample.inputs()`` inside this block makes inputs with every size remapped by ``size_map``."""
+    saved = dict(_SIZE_MAP)
+    _SIZE_MAP.clear()
+    _SIZE_MAP.update(size_map)
+    try:
+        yield
+    finally:
+        _SIZE_MAP.clear()
+        _SIZE_MAP.update(saved)
 
 
 def _g(*shape, dtype=torch.float32, low=None):
+    shape = tuple(_SIZE_MAP.get(s, s) for s in shape)
     gen = torch.Generator().manual_seed(hash(shape) % 1000)
     if dtype.is_floating_point:
         t = torch.randn(*shape, generator=gen)
@@ -68,7 +89,7 @@ SAMPLES = [
     Sample("fmod", lambda a, b: torch.fmod(a, b), lambda: (_g(*S), _g(*S, low=0.5))),
     Sample("floor_divide_float", lambda a, b: torch.floor_divide(a, b), lambda: (_g(*S), _g(*S, low=0.5))),
     Sample("atan2", torch.atan2, xy(S, S)),
-    Sample("xlogy", torch.xlogy, lambda: (_g(*S).relu(), _g(16).abs() * torch.arange(16))),
+    Sample("xlogy", torch.xlogy, lambda: (_g(*S).relu(), _g(16).abs() * torch.arange(16)), fixed=(16,)),
     Sample("compare", lambda a, b: ((a < b) & (a >= 0)) | (a == b), xy(S, S)),
     Sample("where", lambda a, b: torch.where(a > 0, a, b), xy(S, S)),
     Sample("fma", lambda a, b, c: torch.ops.prims.fma(a, b, c), lambda: (_g(*S), _g(*S) * 3, _g(S[-1]))),
@@ -111,27 +132,27 @@ SAMPLES = [
     Sample("transpose", lambda a: a.t() * 2, x(*S)),
     Sample("permute_3d", lambda a: a.permute(2, 0, 1).sin(), x(3, 4, 5)),
     Sample("slice_step", lambda a: a[1:7:2, ::3] + 1, x(*S)),
-    Sample("select", lambda a: a[3] * a[:, 2].sum(), x(*S)),
-    Sample("unsqueeze_expand", lambda a: a.unsqueeze(1).expand(8, 4, 16) + 0.5, x(*S)),
-    Sample("view_merge", lambda a: (a + 1).view(128) * 2, x(*S)),
-    Sample("view_split", lambda a: (a * 2).reshape(2, 4, 4, 4).sum(2), x(*S)),
+    Sample("select", lambda a: a[3] * a[:, -1].sum(), x(*S), fixed=(8,)),
+    Sample("unsqueeze_expand", lambda a: a.unsqueeze(1).expand(-1, 4, -1) + 0.5, x(*S)),
+    Sample("view_merge", lambda a: (a + 1).view(-1) * 2, x(*S)),
+    Sample("view_split", lambda a: (a * 2).reshape(2, 4, 4, 4).sum(2), x(*S), fixed=S),
     Sample("reshape_of_transpose", lambda a: a.t().reshape(-1).cos(), x(*S)),
     Sample("flatten_cat", lambda a, b: torch.cat([a.flatten(), b.flatten()]) * 2, xy(S, (3, 5))),
     Sample("split_chunk", lambda a: [t * i for i, t in enumerate(a.chunk(4, dim=1))], x(*S)),
     Sample("unbind", lambda a: sum(t * t for t in a.unbind(0)), x(4, 16)),
-    Sample("narrow", lambda a: a.narrow(1, 3, 5).exp(), x(*S)),
+    Sample("narrow", lambda a: a.narrow(1, 3, 5).exp(), x(*S), fixed=(16,)),
     Sample("cat_dim1", lambda a, b: torch.cat([a, b.relu()], dim=1), xy(S, (8, 5))),
     Sample("pad", lambda a: F.pad(a, (1, 2, 0, 3), value=0.5), x(*S)),
     Sample("pad_negative", lambda a: F.pad(a, (-2, 1)), x(*S)),
-    Sample("squeeze", lambda a: a.unsqueeze(0).squeeze(0) + a.view(8, 1, 16).squeeze(1), x(*S)),
+    Sample("squeeze", lambda a: a.unsqueeze(0).squeeze(0) + a.view(a.shape[0], 1, a.shape[1]).squeeze(1), x(*S)),
     # creation
-    Sample("arange", lambda a: a + torch.arange(16), x(*S)),
+    Sample("arange", lambda a: a + torch.arange(16), x(*S), fixed=(16,)),
     Sample("zeros_ones_full", lambda a: torch.zeros_like(a) + torch.ones_like(a) * torch.full_like(a, 3.0), x(*S)),
     # composites
     Sample("softmax", lambda a: torch.softmax(a, -1), x(*S)),
     Sample("softmax_dim0", lambda a: torch.softmax(a, 0), x(*S)),
     Sample("log_softmax", lambda a: torch.log_softmax(a, -1), x(*S)),
-    Sample("layer_norm", lambda a, w, b: F.layer_norm(a, (16,), w, b), lambda: (_g(*S), _g(16), _g(16))),
+    Sample("layer_norm", lambda a, w, b: F.layer_norm(a, a.shape[-1:], w, b), lambda: (_g(*S), _g(16), _g(16))),
     Sample("gelu", lambda a: F.gelu(a), x(*S)),
     Sample("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"), x(*S)),
     Sample("silu", F.silu, x(*S)),

@@ -156,11 +156,30 @@ def test_division_by_a_symbol_matches_python_on_random_indices():
     assert checked > 10000
 
 
+def test_division_by_a_polynomial_is_exact_where_the_remainder_is_provably_below_it():
+    # a KV cache one token longer than the past (s + 1 rows of 16) flattened, divided by 32*(s + 1)
+    s = Expr.of(Sym("s0"))
+    v0, v1, v2 = Var("v0", 4), Var("v1", 16), Var("v2", s + 1)
+    e = Expr.of(v0) * 16 * s + Expr.of(v1) * s + Expr.of(v0) * 16 + v1 + v2
+    d = s * 32 + 32
+    q, r = e // d, e % d
+    assert str(q) == "((v0) // 2)"
+    for n in (2, 3, 7):
+        for point in itertools.product(range(4), range(16), range(n + 1)):
+            env = {"s0": n, **dict(zip(("v0", "v1", "v2"), point))}
+            assert (value(q, env), value(r, env)) == divmod(value(e, env), value(d, env))
+    e2 = Expr.of(v0) * 16 * s + Expr.of(v0) * 16 + Expr.of(Var("v3", s + 1)) * 16 + Var("v4", 16)
+    assert str(e2 // d) == "((v0) // 2)"  # the low 16 come off first, then v3 < s + 1
+    with pytest.raises(NotSymbolic):  # v2 may reach s + 1: no exact split
+        (Expr.of(v0) * s + Var("v3", s + 2)) // (s + 1)
+
+
 def test_division_by_a_symbol_that_is_no_monomial_or_of_a_negative_value_raises_not_symbolic():
     s0, s1 = Expr.of(Sym("s0")), Expr.of(Sym("s1"))
     i, j = Var("i", s0), Var("j", s1)
-    with pytest.raises(NotSymbolic):  # not a product of symbols
-        Expr.of(i) // (s0 + 1)
+    assert str(Expr.of(i) // (s0 + 1)) == "0"  # i < s0 + 1: exact
+    with pytest.raises(NotSymbolic):  # not a product of symbols, and no exact split
+        Expr.of(Var("k", s0 + 2)) // (s0 + 1)
     with pytest.raises(NotSymbolic):  # may be negative
         (Expr.of(i) - j) // s1
     assert str((Expr.of(i) + j) // s1) == "((i + j) // (s1))"  # exact where unprovable: an atom

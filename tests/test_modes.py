@@ -187,7 +187,8 @@ def test_modes_leave_module_state_as_eager_leaves_it(mode, fresh_dynamo, tmp_pat
 
 def launcher_candidates(**meta):
     meta = dict(dict(xnumel=1 << 16, rnumel=None, persistent=False, written=["out"], args=["x", "out"]), **meta)
-    return TritonKernelLauncher(None, "kernel0", meta, "key", interpret=False).candidates()
+    launcher = TritonKernelLauncher(None, "kernel0", meta, "key", interpret=False)
+    return launcher.candidates(meta["xnumel"], meta["rnumel"])
 
 
 @pytest.mark.parametrize("meta", [{}, dict(rnumel=1000, persistent=True), dict(rnumel=1 << 15)],

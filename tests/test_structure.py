@@ -43,7 +43,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Capturing HF models and image models in one graph (objects made while tracing, super(), Python
 # __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries, map/filter,
 # deque) added ~580.
-CORE_LINE_BUDGET = 13_650
+# Symbolic sizes in the Triton kernels and launcher, symbolic cat/pad/slice/argmax lowerings and
+# fusion of coarser symbolic ranges added ~120 lines; division by a polynomial (a KV
+# cache s + 1 long, so generate() compiles 3 times, not once per token) and quotient ranges ~45.
+CORE_LINE_BUDGET = 13_800
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
@@ -57,6 +60,8 @@ ALLOWED_FUNCTION_IMPORTS = {
         "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
     ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
     ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/testing/fuzz.py", "minicompile.testing.fuzz_dynamic"):
+        "fuzz_dynamic builds on fuzz (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/runtime/triton_launch.py", "triton"): "optional dependency: a clear error where it is missing",
     ("minicompile/runtime/triton_launch.py", "triton.testing"): "optional dependency, autotuning only",
     ("minicompile/runtime/triton_interpret.py", "triton.runtime.interpreter"):

@@ -131,20 +131,37 @@ def test_autotune_choice_is_cached_on_disk(tmp_path, monkeypatch):
     meta = dict(xnumel=1000, rnumel=None, persistent=False, written=["out"], args=["x", "out"])
     with patch(cache_dir=str(tmp_path), triton_autotune=True):
         launcher = TritonKernelLauncher(FakeKernel(), "kernel0_pointwise", meta, "source-key", interpret=False)
-        options = launcher.candidates()
+        options = launcher.candidates(1000, None)
         assert len(options) > 1 and all("XBLOCK" in o and "num_warps" in o for o in options)
-        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args: opts[-1])
+        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args, xnumel: opts[-1])
         x = torch.randn(1000)
         launcher(x, torch.empty(1000))
-        assert launcher.choice == options[-1]
+        assert list(launcher.choices.values()) == [options[-1]]
         assert calls[-1] == ((-(-1000 // options[-1]["XBLOCK"]),), options[-1])
         # a fresh launcher (a new process) reads the choice back instead of timing again
-        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args: pytest.fail("re-tuned"))
+        monkeypatch.setattr(TritonKernelLauncher, "_benchmark", lambda self, opts, args, xnumel: pytest.fail("re-tuned"))
         again = TritonKernelLauncher(FakeKernel(), "kernel0_pointwise", meta, "source-key", interpret=False)
         again(x, torch.empty(1000))
-        assert again.choice == options[-1]
+        assert list(again.choices.values()) == [options[-1]]
         stored = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if f == "choice.json"]
         assert len(stored) == 1 and json.load(open(stored[0])) == options[-1]
+
+
+def test_symbolic_extents_are_evaluated_per_call_and_choices_kept_per_size_bucket():
+    calls = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **settings: calls.append((grid, args, settings))
+
+    meta = dict(xnumel="4*s0", rnumel=None, persistent=False, written=["out"], args=["x", "out", "s0"])
+    launcher = TritonKernelLauncher(FakeKernel(), "kernel0_pointwise", meta, "source-key", interpret=True)
+    for s0 in (3, 250, 251, 0):
+        launcher(None, None, s0)
+    grids = [grid for grid, _, _ in calls]
+    assert grids == [(1,), (1,), (1,)] and [a[-1] for _, a, _ in calls] == [3, 250, 251]  # size 0: no launch
+    assert [c["XBLOCK"] for _, _, c in calls] == [16, 1024, 1024]
+    assert len(launcher.choices) == 2  # 12 and 1000..1004 elements: two buckets
 
 
 def test_empty_grid_launches_nothing():

@@ -15,15 +15,16 @@ one temporary per value, as CppOps does for C++.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.triton_ops import PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
-from minicompile.ir.expr import Expr, Var, atoms_of
-from minicompile.ir.nodes import Reduction
+from minicompile.ir.expr import Expr, Var, atoms_of, size_value
+from minicompile.ir.nodes import Reduction, is_static
 from minicompile.ir.ops import BOOL_RESULT, compute_dtype
 from minicompile.runtime.triton_launch import load as load_triton
 from minicompile.scheduler.caps import BackendCaps
@@ -99,12 +100,15 @@ class TritonOps:
 
     def index_expr(self, expr, dtype):
         groups = self.kernel.index_groups(expr)
-        if not groups:
+        if expr.is_const:
             return TV(literal(expr.const, dtype), dtype)
         return self._tmp(dtype, f"({_R.render(expr)}).to({TL[dtype]})", groups)
 
     def to_dtype(self, x, dtype):
-        if dtype in (torch.bfloat16, torch.float16):  # computed in float32, rounded as eager rounds
+        if dtype == torch.bfloat16:  # computed in float32, rounded as eager rounds
+            f32 = _as_tensor(x) if x.dtype == torch.float32 else f"{_as_tensor(x)}.to(tl.float32)"
+            return self._tmp(torch.float32, f"mc_round_bf16({f32})", x.groups)
+        if dtype == torch.float16:
             return self._tmp(torch.float32, f"{x}.to({TL[dtype]}).to(tl.float32)", x.groups)
         if x.dtype == dtype:
             return x
@@ -154,17 +158,23 @@ class TritonKernel(KernelRenderer):
     WIDE_SUMS_ABOVE = None
     literal = staticmethod(literal)
 
-    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict):
+    def __init__(self, kernel, buffers: dict, storage: dict, sources: dict, symbols=()):
         super().__init__(kernel, buffers, storage, sources)
+        self.symbols = symbols       # the graph's size symbols; those this kernel names become arguments
+        self.size_args = []
         self.groups_of = {}          # temporary name -> groups (for indirect indices)
         self.written = set()         # buffers this kernel has stored so far (while rendering)
         self.row_cse = {}            # persistent kernels: values stay valid for the whole row
         self.reduction = kernel.is_reduction
         self.xnumel = kernel.outer_numel
         self.rnumel = kernel.inner_numel if self.reduction else 1
-        self.persistent = self.reduction and next_power_of_2(self.rnumel) <= config.triton_persistent_rnumel
-        big = max([b.layout.storage_numel() for b in buffers.values() if b.layout is not None] + [0])
-        self.index_dtype = "tl.int64" if big > INT32_LIMIT or self.xnumel * self.rnumel > INT32_LIMIT else None
+        static = is_static([self.xnumel, self.rnumel])
+        # a symbolic row length has no bound to size a register block by: it is looped
+        self.persistent = self.reduction and static and next_power_of_2(self.rnumel) <= config.triton_persistent_rnumel
+        numels = [b.layout.storage_numel() for b in buffers.values() if b.layout is not None]
+        # symbolic sizes: 64-bit indices, right for every size the graph may see
+        big = not static or not is_static(numels) or max(numels + [0]) > INT32_LIMIT
+        self.index_dtype = "tl.int64" if big or self.xnumel * self.rnumel > INT32_LIMIT else None
 
     # -- masks --------------------------------------------------------------------------------
     def index_groups(self, index: Expr) -> frozenset:
@@ -182,15 +192,18 @@ class TritonKernel(KernelRenderer):
     # -- rendering --------------------------------------------------------------------------
     def render(self) -> str:
         k = self.k
+        body = self._body()
+        named = set(re.findall(r"\b\w+\b", "\n".join(body)))
+        self.size_args = [s for s in self.symbols if s in named]  # passed after the tensors
         lines = self.header() + [f"# {self.describe()}"]
         lines += ["@triton.jit", f"def {k.name}("]
         lines += [f"    {a.name},  # {a.describe()}" for a in self.args]
+        lines += [f"    {s},  # a size, known at call time" for s in self.size_args]
         lines.append("    XBLOCK: tl.constexpr,  # " + ("rows per program" if self.reduction else "elements per program"))
         if self.reduction:
             what = "the whole row (persistent)" if self.persistent else "lanes per loop step"
             lines.append(f"    RBLOCK: tl.constexpr,  # reduced elements per row held at once: {what}")
         lines.append("):")
-        body = self._body()
         lines += ["    " + ln if ln else "" for ln in body]
         return "\n".join(lines)
 
@@ -203,9 +216,9 @@ class TritonKernel(KernelRenderer):
 
     def _body(self) -> list:
         k = self.k
-        out = [f"xnumel = {self.xnumel}"]
+        out = [f"xnumel = {_size(self.xnumel)}"]
         if self.reduction:
-            out.append(f"rnumel = {self.rnumel}")
+            out.append(f"rnumel = {_size(self.rnumel)}")
         shape = "[:, None]" if self.reduction else ""
         pid = "tl.program_id(0)" + (f".to({self.index_dtype})" if self.index_dtype else "")
         out += [f"xoffset = {pid} * XBLOCK",
@@ -315,12 +328,17 @@ def _unravel(flat: str, variables, ranges) -> list:
     items = list(zip(variables, ranges))
     for pos, (v, size) in enumerate(reversed(items)):
         outermost = pos == len(items) - 1
-        expr = flat if stride == 1 else f"({flat} // {stride})"
+        expr = flat if stride == 1 else f"({flat} // ({_size(stride)}))"
         if not outermost:
-            expr = f"{expr} % {size}"
+            expr = f"{expr} % ({_size(size)})"
         out.append(f"{v.name} = {expr}")
-        stride *= max(int(size), 1)
+        stride = size_value(Expr.of(size) * stride) if isinstance(size, Expr) else stride * max(size, 1)
     return out
+
+
+def _size(n) -> str:
+    """A size in the kernel: a literal, or an expression over its size arguments."""
+    return str(n) if isinstance(n, int) else _R.render(n)
 
 
 class TritonBackend:
@@ -334,11 +352,13 @@ class TritonBackend:
         """The prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
         buffers = graph.by_name
         parts, args, launch = ["# minicompile: Triton kernels for one graph", PRELUDE], {}, {}
+        symbols = tuple(graph_symbols(graph))
         for kernel in plan.kernels:
-            tk = TritonKernel(kernel, buffers, graph.mutations, graph.sources)
+            tk = TritonKernel(kernel, buffers, graph.mutations, graph.sources, symbols)
             parts += ["", tk.render(), ""]
-            args[kernel.name] = [a.name for a in tk.args]
-            launch[kernel.name] = {"xnumel": tk.xnumel, "rnumel": tk.rnumel if tk.reduction else None,
+            args[kernel.name] = [a.name for a in tk.args] + tk.size_args
+            extent = lambda n: n if isinstance(n, int) else str(n)  # noqa: E731 - Python source over the sizes
+            launch[kernel.name] = {"xnumel": extent(tk.xnumel), "rnumel": extent(tk.rnumel) if tk.reduction else None,
                                    "persistent": tk.persistent, "written": [a.name for a in tk.args if a.written]}
         parts.append("")
         parts.append("# kernel -> what the launcher needs: rows/elements, reduced extent, and the arguments it writes")

@@ -98,6 +98,15 @@ from minicompile.runtime.triton_interpret import pick_libdevice
 libdevice = pick_libdevice()  # CUDA's libdevice on a GPU; numpy in the Triton interpreter
 
 
+# float32 rounded to bfloat16's precision, to nearest even as eager rounds (the Triton
+# interpreter's .to(tl.bfloat16) truncates); NaN stays NaN.
+@triton.jit
+def mc_round_bf16(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
 # NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave.
 @triton.jit
 def mc_maximum(a, b):

@@ -95,7 +95,8 @@ class FloorDiv(Atom):
     def range(self):
         lo, hi = self.arg.range()
         if isinstance(self.divisor, Expr):
-            return (0, hi // 2)
+            m = _quotient_bound(self.arg, self.divisor)
+            return (0, hi // 2 if m is None else m - 1)
         return (lo // self.divisor, hi // self.divisor)
 
     def render(self, r):
@@ -122,16 +123,17 @@ def _divisor(r, d):
 
 @dataclass(frozen=True)
 class Clamp(Atom):
-    """min(max(arg, lo), hi): keeps a load in bounds where a mask selects another value."""
+    """min(max(arg, lo), hi): keeps a load in bounds where a mask selects another value.
+    ``hi`` is an Expr where it is the last index of a symbolic size."""
     arg: "Expr"
     lo: int
-    hi: int
+    hi: Union[int, "Expr"]
 
     def range(self):
-        return (self.lo, self.hi)
+        return (self.lo, self.hi if isinstance(self.hi, int) else self.hi.range()[1])
 
     def render(self, r):
-        return r.clamp(r.render(self.arg), self.lo, self.hi)
+        return r.clamp(r.render(self.arg), self.lo, _divisor(r, self.hi))
 
 
 def _atom_key(a: Atom):
@@ -264,10 +266,11 @@ class Expr:
         for ``self >= 0``: exact terms where ``split_by`` proves them, else FloorDiv/Mod atoms
         over M after the integer division by k (``e // kM == (e // k) // M`` and
         ``e % kM == k*((e // k) % M) + e % k``)."""
-        try:
-            return self.split_by(d)
-        except NotSymbolic:
-            pass
+        for split in (self.split_by, self.split_by_polynomial):
+            try:
+                return split(d)
+            except NotSymbolic:
+                pass
         if len(d.terms) != 1 or d.const != 0 or d.terms[0][1] <= 0 or self.range()[0] < 0:
             raise NotSymbolic(f"division of {self} by {d}")
         atom, k = d.terms[0]
@@ -302,9 +305,37 @@ class Expr:
             raise NotSymbolic(f"cannot prove 0 <= {r} < {d}")
         return q, r
 
-    def clamp(self, lo: int, hi: int) -> "Expr":
+    def split_by_polynomial(self, d: "Expr") -> tuple:
+        """(self // d, self % d) for ``d = k*P``, P a polynomial such as ``s0 + 1`` (a KV cache
+        one token longer than the past), when ``self == A*P + r`` with ``0 <= r < P`` provable:
+        then ``self // d == A // k`` and ``self % d == (A % k)*P + r``. A collects the terms
+        that are multiples of P's leading monomial. A low part below a divisor m of k comes off
+        first: ``(m*big + small) // (k*P) == big // ((k/m)*P)``."""
+        k = math.gcd(d.const, *(c for _, c in d.terms))
+        split = _split_below(self, k) if k > 1 else None
+        if split:
+            m, big, small = split
+            q, r = big.split_by_polynomial(Expr._make({a: c // m for a, c in d.terms}, d.const // m))
+            return q, r * m + small
+        P = Expr._make({a: c // k for a, c in d.terms}, d.const // k)
+        lead, lead_c = max(P.terms, key=lambda t: len(t[0].factors) if isinstance(t[0], Prod) else 1)
+        lfs = lead.factors if isinstance(lead, Prod) else (lead,)
+        quot = {}
+        for a, c in self.terms:
+            fs = list(a.factors if isinstance(a, Prod) else (a,))
+            if c % lead_c == 0 and all(f in fs and not fs.remove(f) for f in lfs):
+                key = None if not fs else fs[0] if len(fs) == 1 else Prod(tuple(fs))
+                quot[key] = quot.get(key, 0) + c // lead_c
+        A = Expr._make({a: c for a, c in quot.items() if a is not None}, quot.get(None, 0))
+        r = self - A * P
+        if P.range()[0] < 1 or A.range()[0] < 0 or not _below(r, P):
+            raise NotSymbolic(f"division of {self} by {d}")
+        return A // k, (A % k) * P + r
+
+    def clamp(self, lo: int, hi) -> "Expr":
+        hi = size_value(hi)
         rlo, rhi = self.range()
-        if rlo >= lo and rhi <= hi:
+        if rlo >= lo and (rhi <= hi if isinstance(hi, int) else _below(self, hi + 1)):
             return self
         return Expr.of(Clamp(self, lo, hi))
 
@@ -345,15 +376,36 @@ class Expr:
 
 
 def _below(r: Expr, d: Expr) -> bool:
-    """0 <= r < d for every size: r's terms are loop variables with non-negative
-    coefficients, and d - 1 - max(r) is a constant >= 0."""
+    """0 <= r < d for every size: r's terms are loop variables, or products of loop variables
+    and symbols (``s1*j``), with non-negative coefficients, and d - 1 - max(r) is a constant >= 0."""
+    top = _largest(r)
+    if top is None:
+        return False
+    slack = d - 1 - top
+    return slack.is_const and slack.const >= 0
+
+
+def _largest(r: Expr) -> Expr | None:
+    """r's largest value over its loop variables, as an Expr over symbols, where r >= 0 is plain."""
     top = Expr.of(r.const)
     for a, c in r.terms:
-        if not isinstance(a, Var) or c < 0:
-            return False
-        top = top + (Expr.of(a.size) - 1) * c
-    slack = d - 1 - top
-    return r.const >= 0 and slack.is_const and slack.const >= 0
+        factors = a.factors if isinstance(a, Prod) else (a,)
+        if c < 0 or not all(isinstance(f, (Var, Sym)) for f in factors) or not any(isinstance(f, Var) for f in factors):
+            return None
+        high = Expr.of(c)
+        for f in factors:  # a variable's largest value is its size - 1, a symbol's is itself
+            high = high * (Expr.of(f.size) - 1 if isinstance(f, Var) else Expr.of(f))
+        top = top + high
+    return top if r.const >= 0 else None
+
+
+def _quotient_bound(arg: Expr, d: Expr) -> int | None:
+    """An int m with arg < m*d for every size (so arg // d < m): x0 < 2*s0 over s0 gives 2."""
+    top = _largest(arg)
+    if top is None or not top.terms or len(d.terms) != len(top.terms):
+        return None
+    m = -(-top.terms[0][1] // d.terms[0][1])
+    return m if m > 0 and _below(arg, d * m) else None
 
 
 def _subst_atom(a: Atom, mapping: dict) -> Expr:

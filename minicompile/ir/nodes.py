@@ -66,6 +66,12 @@ def _from_sympy(e):
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
         return prod([_from_sympy(e.base)] * int(e.exp))
     parts = [_from_sympy(a) for a in e.args]
+    if type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0 and Expr.of(parts[0]).range()[0] >= 0:
+        return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3
+    if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
+        small, big = sorted(parts, key=lambda p: isinstance(p, Expr))
+        if isinstance(small, int) and Expr.of(big).range()[0] >= small:
+            return big
     if e.is_Add:
         return size_value(sum(parts[1:], Expr.of(parts[0])))
     if e.is_Mul:

@@ -5,7 +5,7 @@ import weakref
 
 import torch
 
-from minicompile.ir.expr import Expr
+from minicompile.ir.expr import Expr, NotSymbolic, size_value
 from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
                                   iteration_vars, shape_of)
 from minicompile.ir.ops import RecordOps, compute_dtype
@@ -97,13 +97,33 @@ def arange(lw, node, *args, **kwargs):
     return Lazy(dtype, meta.device, shape_of(meta), body, [node.name])
 
 
+def _nonempty(size) -> bool:
+    """size > 0 for every value of its symbols; a size that is 0 for some raises NotSymbolic."""
+    if isinstance(size, int):
+        return size > 0
+    if size.range()[0] > 0:
+        return True
+    raise NotSymbolic(f"the size {size} is 0 for some sizes")
+
+
+def _static(value) -> int:
+    if isinstance(value, Expr):
+        raise NotSymbolic(f"a pad of {value} elements, which depends on the size")
+    return value
+
+
+def index_value(ops, value):
+    """An int64 value in a loop body: a literal, or a size read at run time."""
+    return ops.constant(value, torch.int64) if isinstance(value, int) else ops.index_expr(value, torch.int64)
+
+
 @register_lowering(aten.cat.default)
 def cat(lw, node, tensors, dim=0):
     meta = node.meta["val"]
     size = shape_of(meta)
     dim = dim + len(size) if dim < 0 else dim
     # legacy: 1-D empty tensors are skipped whatever the other tensors' rank
-    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and t.size[dim] > 0]
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0) and _nonempty(t.size[dim])]
     if not parts:
         return constant_value(node, 0)
     dtype = meta.dtype
@@ -124,7 +144,7 @@ def cat(lw, node, tensors, dim=0):
             if out is None:
                 out = v
             else:
-                below = ops.pointwise("lt", ops.index_expr(pos, torch.int64), ops.constant(start + length, torch.int64),
+                below = ops.pointwise("lt", ops.index_expr(pos, torch.int64), index_value(ops, start + length),
                                       dtype=torch.bool)
                 out = ops.pointwise("where", below, v, out, dtype=cdt)
         return out
@@ -149,11 +169,11 @@ def constant_pad_nd(lw, node, x, pad, value=0):
         for d in range(ndim):
             p = Expr.of(idx[d]) - lows[d]
             src.append(p.clamp(0, x.size[d] - 1))
-            if lows[d] > 0 or size[d] - lows[d] > x.size[d]:
+            if lows[d] > 0 or _static(size_value(Expr.of(size[d]) - lows[d] - x.size[d])) > 0:  # padded above
                 pv = ops.index_expr(p, torch.int64)
                 ok = ops.pointwise("logical_and",
                                    ops.pointwise("ge", pv, ops.constant(0, torch.int64), dtype=torch.bool),
-                                   ops.pointwise("lt", pv, ops.constant(x.size[d], torch.int64), dtype=torch.bool),
+                                   ops.pointwise("lt", pv, index_value(ops, x.size[d]), dtype=torch.bool),
                                    dtype=torch.bool)
                 inside = ok if inside is None else ops.pointwise("logical_and", inside, ok, dtype=torch.bool)
         v = load(ops, src)

@@ -13,7 +13,7 @@ from minicompile.ir.nodes import (ComputedBuffer, Layout, Lazy, Reduction, Stora
                                   shape_of, strides_of)
 from minicompile.ir.ops import compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
-from minicompile.lowering.views import make_view, view
+from minicompile.lowering.views import make_view, reshape
 
 
 def _norm_dims(dims, ndim):
@@ -94,20 +94,13 @@ register_lowering(aten.amin.default)(_minmax("min"))
 def _arg(kind):
     def lower(lw, node, x, dim=None, keepdim=False):
         if dim is None:
-            flat = view(lw, _FlatNode(x), x, [-1]) if len(x.size) != 1 else x
+            flat = reshape(x, (prod(x.size),)) if len(x.size) != 1 else x
             res = reduce(lw, flat, [0], False, kind, torch.int64, node=node)
             if keepdim:
                 raise Unsupported(f"{kind} with dim=None and keepdim=True")
             return res
         return reduce(lw, x, [dim], keepdim, kind, torch.int64, node=node)
     return lower
-
-
-class _FlatNode:
-    """A stand-in FX node carrying the flattened shape (argmax/argmin over every dim)."""
-
-    def __init__(self, x):
-        self.meta = {"val": torch.empty((prod(x.size),), device="meta")}
 
 
 register_lowering(aten.argmax.default)(_arg("argmax"))

@@ -7,7 +7,7 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 """
 from __future__ import annotations
 
-from minicompile.ir.expr import Expr, Prod, Sym, Var, make_vars, size_value
+from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
 from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides,
                                   is_static, prod, shape_of, sym_value)
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -132,6 +132,12 @@ def _clip_start(start, n):
         return 0
     if start < 0:
         start += n
+    if isinstance(n, Expr) or isinstance(start, Expr):
+        # Symbolic: a start past n leaves an empty slice, whose length Dynamo's guards fix, so
+        # only a start that may be negative (n - 3 with n = 2) needs the clip, which is no polynomial
+        if Expr.of(start).range()[0] < 0:
+            raise NotSymbolic(f"a slice start {start} that is negative for some sizes")
+        return size_value(Expr.of(start))
     return min(max(start, 0), n)
 
 
@@ -146,7 +152,11 @@ def select(lw, node, x, dim, index):
 
 @register_lowering([aten.view.default, aten._unsafe_view.default, aten.reshape.default])
 def view(lw, node, x, size):
-    new = shape_of(node.meta["val"])
+    return reshape(x, shape_of(node.meta["val"]))
+
+
+def reshape(x, new: tuple):
+    """``x`` viewed as ``new`` (same number of elements), row-major."""
     old = tuple(x.size)
     if new == old:
         return x

@@ -8,8 +8,9 @@ the user set it. Kernels for CPU tensors are imported in interpreter mode (as if
 
 Autotuning (GPU only): each kernel times a few (XBLOCK, RBLOCK, num_warps) candidates on its
 first call, with copies of the buffers it writes so the real outputs are untouched; the
-winner is kept in memory and on disk, keyed by the kernel's source (which fixes its shapes)
-and the device name. ``config.max_autotune`` (torch.compile's max-autotune modes) widens the
+winner is kept in memory and on disk, keyed by the kernel's source (which fixes its shapes,
+or with symbolic sizes names them), the size bucket (next powers of two of the extents) and
+the device name. ``config.max_autotune`` (torch.compile's max-autotune modes) widens the
 search: each candidate also with half and twice its num_warps, and more block sizes. Both
 knobs are read when the graph is compiled. In the interpreter timing means nothing: a fixed
 heuristic is used.
@@ -86,13 +87,16 @@ def import_module(source: str, interpret: bool):
 
 
 class TritonKernelLauncher:
-    """``launcher(*tensors)`` runs one generated kernel over its whole grid."""
+    """``launcher(*tensors, *sizes)`` runs one generated kernel over its whole grid.
+
+    With symbolic sizes the kernel's extents are expressions over the size arguments (the
+    last arguments, named like the kernel's parameters): evaluated per call, and the
+    block-size choice is kept per size bucket (the next powers of two of both extents)."""
 
     def __init__(self, fn, name: str, meta: dict, source_key: str, interpret: bool):
         self.fn = fn
         self.name = name
-        self.xnumel = meta["xnumel"]
-        self.rnumel = meta["rnumel"]
+        self.extents = [_extent(meta["xnumel"]), None if meta["rnumel"] is None else _extent(meta["rnumel"])]
         self.persistent = meta["persistent"]
         self.written = meta["written"]
         self.arg_names = list(meta.get("args", []))
@@ -100,24 +104,32 @@ class TritonKernelLauncher:
         self.interpret = interpret
         self.autotune = config.triton_autotune
         self.wide = config.max_autotune
-        self.choice = None
+        self.choices = {}  # size bucket -> (XBLOCK, RBLOCK, num_warps)
 
     def __repr__(self):
-        return f"TritonKernelLauncher({self.name}, xnumel={self.xnumel}, rnumel={self.rnumel}, choice={self.choice})"
+        return f"TritonKernelLauncher({self.name}, extents={self.extents}, choices={self.choices})"
+
+    def numels(self, args) -> tuple:
+        """(xnumel, rnumel or None) for a call with ``args``."""
+        if all(e is None or isinstance(e, int) for e in self.extents):
+            return tuple(self.extents)
+        names = dict(zip(self.arg_names, args))
+        # the extents are our own generated size expressions (compiled by _extent)
+        return tuple(e if e is None or isinstance(e, int) else eval(e, {}, names) for e in self.extents)  # noqa: S307
 
     # -- candidates -------------------------------------------------------------------------
-    def candidates(self) -> list[dict]:
+    def candidates(self, xnumel: int, rnumel) -> list[dict]:
         """(XBLOCK, RBLOCK, num_warps) settings worth trying, the heuristic default first."""
-        base = self._usual_candidates()
-        return _widened(base, next_power_of_2(self.xnumel), self.rnumel is None) if self.wide else base
+        base = self._usual_candidates(xnumel, rnumel)
+        return _widened(base, next_power_of_2(xnumel), rnumel is None) if self.wide else base
 
-    def _usual_candidates(self) -> list[dict]:
-        xcap = next_power_of_2(self.xnumel)
-        if self.rnumel is None:
+    def _usual_candidates(self, xnumel: int, rnumel) -> list[dict]:
+        xcap = next_power_of_2(xnumel)
+        if rnumel is None:
             sizes = [b for b in (1024, 512, 256, 2048) if b <= max(xcap, 128)] or [128]
             return [dict(XBLOCK=b, num_warps=4 if b <= 512 else 8) for b in sizes]
         if self.persistent:
-            r = next_power_of_2(self.rnumel)
+            r = next_power_of_2(rnumel)
             out = []
             for budget in (2048, 4096, 1024, 8192):
                 x = max(1, min(xcap, budget // r))
@@ -133,48 +145,48 @@ class TritonKernelLauncher:
                 out.append(c)
         return out
 
-    def _interpreter_choice(self) -> dict:
+    def _interpreter_choice(self, xnumel: int, rnumel) -> dict:
         """Big blocks: the interpreter runs one numpy step per program, so fewer programs is faster."""
-        if self.rnumel is None:
-            return dict(XBLOCK=min(next_power_of_2(self.xnumel), 1024), num_warps=1)
-        r = next_power_of_2(self.rnumel) if self.persistent else 64
-        return dict(XBLOCK=max(1, min(next_power_of_2(self.xnumel), 4096 // r)), RBLOCK=r, num_warps=1)
-
-    def grid(self, choice: dict):
-        return (triton_cdiv(self.xnumel, choice["XBLOCK"]),)
+        if rnumel is None:
+            return dict(XBLOCK=min(next_power_of_2(xnumel), 1024), num_warps=1)
+        r = next_power_of_2(rnumel) if self.persistent else 64
+        return dict(XBLOCK=max(1, min(next_power_of_2(xnumel), 4096 // r)), RBLOCK=r, num_warps=1)
 
     # -- launching --------------------------------------------------------------------------
     def __call__(self, *args):
-        if self.xnumel == 0:
+        xnumel, rnumel = self.numels(args)
+        if xnumel == 0:
             return
-        if self.choice is None:
-            self.choice = self._choose(args)
-        self._launch(self.choice, args)
+        bucket = (next_power_of_2(xnumel), rnumel and next_power_of_2(rnumel))
+        choice = self.choices.get(bucket)
+        if choice is None:
+            choice = self.choices[bucket] = self._choose(args, xnumel, rnumel)
+        self._launch(choice, args, xnumel)
 
-    def _launch(self, choice, args):
-        settings = dict(choice)
-        self.fn[self.grid(choice)](*args, **settings)
+    def _launch(self, choice, args, xnumel: int):
+        self.fn[(triton_cdiv(xnumel, choice["XBLOCK"]),)](*args, **choice)
 
-    def _choose(self, args) -> dict:
+    def _choose(self, args, xnumel: int, rnumel) -> dict:
         if self.interpret:
-            return self._interpreter_choice()
-        options = self.candidates()
+            return self._interpreter_choice(xnumel, rnumel)
+        options = self.candidates(xnumel, rnumel)
         if not self.autotune or len(options) == 1:
             return options[0]
         device = torch.cuda.get_device_name(args[0].device) if args and args[0].is_cuda else "device"
-        key = cache.digest(self.key, device, *(("wide search",) if self.wide else ()))
+        bucket = (next_power_of_2(xnumel), rnumel and next_power_of_2(rnumel))
+        key = cache.digest(self.key, device, repr(bucket), *(("wide search",) if self.wide else ()))
         path = os.path.join(cache.entry_dir("triton-autotune", key), "choice.json")
         if cache.is_valid(path):
             with open(path) as f:
                 return json.load(f)
-        best = self._benchmark(options, args)
+        best = self._benchmark(options, args, xnumel)
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             json.dump(best, f)
         cache.commit(tmp, path)
         return best
 
-    def _benchmark(self, options, args) -> dict:
+    def _benchmark(self, options, args, xnumel: int) -> dict:
         from triton.testing import do_bench
         # buffers the kernel writes are replaced by copies: an in-place kernel run many times
         # would otherwise corrupt its input
@@ -182,7 +194,7 @@ class TritonKernelLauncher:
         timings = []
         for c in options:
             try:
-                t = do_bench(lambda: self._launch(c, trial), warmup=5, rep=20)
+                t = do_bench(lambda: self._launch(c, trial, xnumel), warmup=5, rep=20)
             except Exception:  # a setting that does not compile (too many registers) is skipped
                 continue
             timings.append((t, c))
@@ -226,6 +238,11 @@ def _widened(base: list, xcap: int, pointwise: bool) -> list:
             if block <= max(xcap, 128):
                 add(dict(XBLOCK=block, num_warps=max(1, min(16, block // 256))))
     return out
+
+
+def _extent(e):
+    """An extent from LAUNCH: an int, or a Python expression over the size arguments (a string)."""
+    return e if isinstance(e, int) else compile(e, "<extent>", "eval")
 
 
 def next_power_of_2(n: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minicompile.ir.expr import Expr, FloorDiv, Mod, Var
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value
 from minicompile.ir.nodes import ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
@@ -180,19 +180,24 @@ def plan_kernel(name: str, nodes: list) -> FusedKernel:
 
 
 def _plan_symbolic(name: str, nodes: list, reductions: list) -> FusedKernel:
-    """Symbolic sizes: the members share the kernel's ranges exactly (size-1 dims aside)."""
+    """Symbolic sizes: the members iterate the kernel's ranges, or coarser ones (size-1 dims aside):
+    a member dim that is the product of a run of the kernel's (``2*s0`` over ``2, s0``) is indexed
+    by ``s0*x0 + x1``, a multiplication; finer member dims would need a division by a symbol."""
     first = reductions[0] if reductions else nodes[0]
     outer, inner = _squeezed(first.data.ranges), _squeezed(first.data.reduction_ranges)
     level = {}
     for n in nodes:
         own = (_squeezed(n.data.ranges), _squeezed(n.data.reduction_ranges))
-        if isinstance(n.data, Reduction) and own == (outer, inner):
-            level[n.name] = "reduction"
-        elif not isinstance(n.data, Reduction) and own[0] in (outer, outer + inner):
-            level[n.name] = "outer" if own[0] == outer else "inner"
-        else:
+        if isinstance(n.data, Reduction):
+            if _groups(own[0], outer) is not None and _groups(own[1], inner) is not None:
+                level[n.name] = "reduction"
+        elif _groups(own[0], outer) is not None:
+            level[n.name] = "outer"
+        elif _splits_at(_groups(own[0], outer + inner), len(outer)):
+            level[n.name] = "inner"
+        if n.name not in level:
             raise CannotFuse(f"{n.name} iterates {list(n.data.ranges)}; the kernel {list(outer)} x {list(inner)} "
-                             "(symbolic sizes fuse only over identical ranges)")
+                             "(symbolic sizes fuse only over the same or coarser ranges)")
     return FusedKernel(name, list(nodes), outer, inner, level=level, direct=True)
 
 
@@ -200,16 +205,45 @@ def _squeezed(ranges) -> tuple:
     return tuple(r for r in ranges if r != 1)
 
 
+def _groups(own: tuple, dims: tuple) -> list | None:
+    """The runs ``(start, end)`` of ``dims`` whose products are ``own``'s sizes, in order, or None."""
+    out, k = [], 0
+    for size in own:
+        start, p = k, 1
+        while k < len(dims) and (k == start or p != size):
+            p = size_value(Expr.of(p) * dims[k])
+            k += 1
+        if p != size:
+            return None
+        out.append((start, k))
+    return out if k == len(dims) else None
+
+
+def _splits_at(runs: list | None, k: int) -> bool:
+    """No run crosses position ``k`` (an inner-level member: none of its dims spans the row boundary)."""
+    return runs is not None and (k == 0 or any(end == k for _, end in runs))
+
+
 def _direct_index(kernel: FusedKernel, node: ComputedBuffer):
-    """A member's (index, rindex) in direct mode: the loop variables fill its non-1 dims."""
-    def fill(sizes, variables):
-        it = iter(variables)
-        return [Expr.of(0) if s == 1 else Expr.of(next(it)) for s in sizes]
+    """A member's (index, rindex) in direct mode: each of its non-1 dims is a run of loop variables."""
+    def fill(sizes, variables, dims):
+        runs = iter(_groups(_squeezed(sizes), dims))
+        out = []
+        for s in sizes:
+            index = Expr.of(0)
+            if s != 1:
+                start, end = next(runs)
+                for v, d in zip(variables[start:end], dims[start:end]):
+                    index = index * d + v
+            out.append(index)
+        return out
+    outer, inner = tuple(kernel.outer_ranges), tuple(kernel.inner_ranges)
     if isinstance(node.data, Reduction):
-        return fill(node.data.ranges, kernel.outer_vars), fill(node.data.reduction_ranges, kernel.inner_vars)
+        return (fill(node.data.ranges, kernel.outer_vars, outer),
+                fill(node.data.reduction_ranges, kernel.inner_vars, inner))
     if kernel.level.get(node.name) == "inner":
-        return fill(node.data.ranges, kernel.outer_vars + kernel.inner_vars), []
-    return fill(node.data.ranges, kernel.outer_vars), []
+        return fill(node.data.ranges, kernel.outer_vars + kernel.inner_vars, outer + inner), []
+    return fill(node.data.ranges, kernel.outer_vars, outer), []
 
 
 def _coalesce(ranges):

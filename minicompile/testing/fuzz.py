@@ -425,16 +425,16 @@ def check_batch(programs: list) -> str | None:
     return None
 
 
-def shrink(prog: Program) -> tuple:
-    """The smallest program (by outputs, steps and input layouts) that still fails, and its message."""
-    msg = check_batch([prog])
+def shrink(prog: Program, check=check_batch) -> tuple:
+    """The smallest program (by outputs, steps and input layouts) that still fails ``check``, and its message."""
+    msg = check([prog])
     if msg is None:
         return prog, None
 
     def fails(p):
         nonlocal msg
         try:
-            m = check_batch([p])
+            m = check([p])
         except Exception:  # noqa: BLE001 - the candidate is not valid eager code
             return False
         if m is not None:
@@ -493,18 +493,19 @@ def _prune(prog):
     return replace(prog, steps=list(reversed(kept)))
 
 
-def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print) -> list:
-    """Fuzz ``n`` programs from ``seed``; returns the paths of reproducers written for failures."""
+def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print, check=check_batch) -> list:
+    """Fuzz ``n`` programs from ``seed`` with ``check`` (this module's, or fuzz_dynamic's);
+    returns the paths of reproducers written for failures."""
     failures = []
     t0 = time.perf_counter()
     for start in range(0, n, batch):
         programs = [generate(seed + k) for k in range(start, min(n, start + batch))]
-        if check_batch(programs) is None:
+        if check(programs) is None:
             continue
         for p in programs:
-            if check_batch([p]) is None:
+            if check([p]) is None:
                 continue
-            small, msg = shrink(p)
+            small, msg = shrink(p, check)
             os.makedirs(repro_dir, exist_ok=True)
             path = os.path.join(repro_dir, f"repro_seed{p.seed}.py")
             with open(path, "w") as f:
@@ -523,11 +524,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8, help="programs compiled together as one graph")
     p.add_argument("--repro-dir", default="fuzz-repros", help="where minimal reproducers are written")
     p.add_argument("--show", type=int, help="print program SEED as a standalone file and exit")
+    p.add_argument("--dynamic", action="store_true",
+                   help="compile with symbolic sizes and call at three sizes (testing/fuzz_dynamic.py)")
     args = p.parse_args(argv)
     if args.show is not None:
         print(generate(args.show).reproducer(f"fuzzer seed {args.show}"))
         return 0
-    return 1 if run(args.seed, args.n, args.batch, args.repro_dir) else 0
+    check = check_batch
+    if args.dynamic:
+        from minicompile.testing.fuzz_dynamic import check_batch as check
+    return 1 if run(args.seed, args.n, args.batch, args.repro_dir, check=check) else 0
 
 
 if __name__ == "__main__":

@@ -61,16 +61,17 @@ def machine_info() -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
-def time_interleaved(steps: list, reps: int) -> list[list[float]]:
+def time_interleaved(steps: list, reps: int, clock=time.perf_counter) -> list[list[float]]:
     """Seconds per call of each of ``steps``, ``reps`` calls each, taking turns in one process.
     Each repetition starts at another step: no step always follows the same one (the one
-    before may leave its thread pool spinning on the cores)."""
+    before may leave its thread pool spinning on the cores). ``clock``: wall time, or
+    ``time.process_time`` for single-threaded steps on a machine busy with other work."""
     times = [[] for _ in steps]
     for k in range(reps):
         for i in [*range(k % len(steps), len(steps)), *range(k % len(steps))]:
-            t0 = time.perf_counter()
+            t0 = clock()
             steps[i]()
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(clock() - t0)
     return times
 
 

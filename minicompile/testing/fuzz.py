@@ -67,8 +67,8 @@ class Program:
     def make_inputs(self):
         return [make_input(i.shape, i.dtype, i.layout, seed=i.seed) for i in self.inputs]
 
-    def reproducer(self, message: str = "") -> str:
-        return REPRO_TEMPLATE.format(
+    def reproducer(self, message: str = "", template: str = "") -> str:
+        return (template or REPRO_TEMPLATE).format(
             message="\n".join(f"# {line}" for line in message.splitlines()), make_input=MAKE_INPUT_SOURCE,
             program=self.function_source(), inputs=",\n        ".join(i.source() for i in self.inputs))
 
@@ -330,9 +330,14 @@ def _random_shape(rng):
     return tuple(shape)
 
 
-def generate(seed: int, max_steps: int = 6) -> Program:
+# The first input's dtype: inference programs, and training programs (differentiable inputs).
+FIRST_DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
+TRAINING_DTYPES = [torch.float32, torch.float32, torch.float32, torch.float64, torch.bfloat16]
+
+
+def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES) -> Program:
     rng = random.Random(seed)
-    dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+    dtype = rng.choice(dtypes)
     base = _random_shape(rng)
     inputs = []
     for k in range(rng.randint(1, 3)):
@@ -425,16 +430,16 @@ def check_batch(programs: list) -> str | None:
     return None
 
 
-def shrink(prog: Program) -> tuple:
-    """The smallest program (by outputs, steps and input layouts) that still fails, and its message."""
-    msg = check_batch([prog])
+def shrink(prog: Program, check=check_batch) -> tuple:
+    """The smallest program (by outputs, steps and input layouts) that still fails ``check``, and its message."""
+    msg = check([prog])
     if msg is None:
         return prog, None
 
     def fails(p):
         nonlocal msg
         try:
-            m = check_batch([p])
+            m = check([p])
         except Exception:  # noqa: BLE001 - the candidate is not valid eager code
             return False
         if m is not None:
@@ -493,22 +498,24 @@ def _prune(prog):
     return replace(prog, steps=list(reversed(kept)))
 
 
-def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print) -> list:
-    """Fuzz ``n`` programs from ``seed``; returns the paths of reproducers written for failures."""
+def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print,
+        make=generate, check=check_batch, template: str = "") -> list:
+    """Fuzz ``n`` programs from ``seed`` (``make(seed)`` builds one, ``check(programs)`` compiles and
+    compares a batch); returns the paths of reproducers written for failures."""
     failures = []
     t0 = time.perf_counter()
     for start in range(0, n, batch):
-        programs = [generate(seed + k) for k in range(start, min(n, start + batch))]
-        if check_batch(programs) is None:
+        programs = [make(seed + k) for k in range(start, min(n, start + batch))]
+        if check(programs) is None:
             continue
         for p in programs:
-            if check_batch([p]) is None:
+            if check([p]) is None:
                 continue
-            small, msg = shrink(p)
+            small, msg = shrink(p, check)
             os.makedirs(repro_dir, exist_ok=True)
             path = os.path.join(repro_dir, f"repro_seed{p.seed}.py")
             with open(path, "w") as f:
-                f.write(small.reproducer(f"fuzzer seed {p.seed}: {msg}"))
+                f.write(small.reproducer(f"fuzzer seed {p.seed}: {msg}", template))
             failures.append(path)
             log(f"[fuzz] program {p.seed} fails: {msg}\n       reproducer: {path}")
         log(f"[fuzz] {min(n, start + batch)}/{n} programs, {len(failures)} failing, {time.perf_counter() - t0:.0f} s")

@@ -52,7 +52,7 @@ from minicompile.testing import opinfo_sweep as sweep
 from minicompile.testing.compare import TOLERANCES, copy_preserving_strides, mismatch
 
 GRAD_TOLERANCES = {**TOLERANCES, torch.float32: (1e-4, 1e-4)}
-OK = ("native", "partial", "extern", "eager-fallback")
+MODULE = "minicompile.testing.grad_sweep"   # what workers run (__name__ is __main__ under -m)
 
 
 def grad_ops():
@@ -114,18 +114,21 @@ def run_with_grads(fn, inputs: list, seed: int):
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads), len(diff)
 
 
-def compare_training(expected, actual, random: bool) -> str | None:
-    """None when the outputs, the number of differentiable outputs and the grads all match."""
+def compare_training(expected, actual, random: bool, tolerances=None) -> str | None:
+    """None when the outputs, the number of differentiable outputs and the grads all match
+    (``tolerances``: compare's for outputs and GRAD_TOLERANCES for grads, unless given)."""
     (e_out, e_grads, e_diff), (a_out, a_grads, a_diff) = expected, actual
-    found = mismatch(e_out, a_out, values=not random)
+    found = mismatch(e_out, a_out, values=not random, tolerances=tolerances or TOLERANCES)
     if found:
         return "forward " + found
     if e_diff != a_diff:
         return f"eager has {e_diff} differentiable output(s), compiled {a_diff}"
     for k, (e, a) in enumerate(zip(e_grads, a_grads)):
+        if e is None and a is None:
+            continue
         if e is None or a is None:   # autograd's None and zeros mean the same gradient
             e, a = (torch.zeros_like(a) if e is None else e), (torch.zeros_like(e) if a is None else a)
-        found = mismatch(e, a, values=not random, strides=False, tolerances=GRAD_TOLERANCES)
+        found = mismatch(e, a, values=not random, strides=False, tolerances=tolerances or GRAD_TOLERANCES)
         if found:
             return f"grad of input {k}: {found}"
     return None
@@ -154,7 +157,7 @@ def _sweep_grad_samples(key, fn, inputs, num_samples) -> sweep.OpResult:
         return res
     try:
         with patch(fallback_on_error=False):   # a failed compile is a crash here, not a quiet fallback
-            compiled, res.status, res.detail = _compile_for_training(graph_of(fn, len(inputs)), inputs)
+            compiled, res.status, res.detail = compile_for_training(graph_of(fn, len(inputs)), inputs)
             actual = run_with_grads(compiled, inputs, 0)
         if isinstance(compiled, TrainingGraph):
             parts = [compiled.forward, compiled.backward]
@@ -173,7 +176,7 @@ def _sweep_grad_samples(key, fn, inputs, num_samples) -> sweep.OpResult:
     return res
 
 
-def _compile_for_training(gm, inputs):
+def compile_for_training(gm, inputs):
     """(callable, status, detail): a TrainingGraph, or the backend's eager fallback and its reason."""
     example = [copy_preserving_strides(x) for x in inputs]
     try:
@@ -201,7 +204,7 @@ HEADER = [
 
 def main(argv=None) -> int:
     return sweep.cli(argv, "Compile every differentiable float32 OpInfo for training and compare grads with eager.",
-                     grad_ops, sweep_grad_op, __name__, HEADER, "opinfo-grad-sweep")
+                     grad_ops, sweep_grad_op, MODULE, HEADER, "opinfo-grad-sweep")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ MAX_SAMPLES = 4          # samples batched into one graph per op
 MAX_SAMPLE_NUMEL = 1 << 16  # skip giant samples: they test nothing more and slow the sweep
 OP_TIMEOUT_S = 240       # a worker making no progress for this long is killed; the op is a crash
 BAD = ("mismatch", "crash")
+MODULE = "minicompile.testing.opinfo_sweep"   # what workers run (__name__ is __main__ under -m)
 
 
 @dataclass
@@ -262,7 +263,7 @@ def _read_results(path: str):
     return done, started
 
 
-def run_sweep(keys: list, jobs: int, workdir: str, module: str = __name__) -> dict:
+def run_sweep(keys: list, jobs: int, workdir: str, module: str = MODULE) -> dict:
     """Sweep ``keys`` in ``jobs`` worker processes (``python -m module --worker``); a worker that
     dies is restarted after its op."""
     os.makedirs(workdir, exist_ok=True)
@@ -336,7 +337,7 @@ HEADER = [
 ]
 
 
-def report(results: dict, seconds: float, header: list = HEADER, module: str = __name__) -> str:
+def report(results: dict, seconds: float, header: list = HEADER, module: str = MODULE) -> str:
     rows = sorted(results.values(), key=lambda r: (ORDER.index(r.status), r.op))
     counts = Counter(r.status for r in rows)
     reasons = Counter(line for r in rows for line in r.externs)
@@ -371,7 +372,7 @@ def _cell(text: str) -> str:
 
 def main(argv=None) -> int:
     return cli(argv, "Compile every float32 OpInfo with minicompile and compare with eager.",
-               float32_ops, sweep_op, __name__, HEADER, "opinfo-sweep")
+               float32_ops, sweep_op, MODULE, HEADER, "opinfo-sweep")
 
 
 def cli(argv, description: str, ops_fn, sweep_one, module: str, header: list, workdir: str) -> int:

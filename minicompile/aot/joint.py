@@ -12,7 +12,8 @@ The result is functional, as the inference trace is, but not through torch.func.
 its wrappers hide ``requires_grad`` from autograd inside the transform. Input mutations are
 refused instead (below), in-place ops composite kernels leave on intermediates are rewritten
 by the inference pass that handles them (``trace.leftover_inplace``), and a joint graph that
-still holds a mutating op is refused.
+still holds a mutating op (one on a view) is traced once more, through torch.func.functionalize
+(gradients are explicit values by then); a mutating op left after that is refused.
 
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
@@ -78,6 +79,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
     _drop_detach(graph)
     for run in _AFTER_TRACE:
         graph = run(graph, ctx)
+    if _mutating_nodes(graph):
+        graph = _functionalize(graph, ctx)
     _check_joint(graph)
     return JointGraph(graph, len(primals), len(outputs), grad_inputs, diff_outputs)
 
@@ -139,6 +142,23 @@ def _check_joint(graph: torch.fx.GraphModule) -> None:
             raise TrainingUnsupported(f"random op {node.target} (backward must reuse the forward's values)")
         if node.target._schema.is_mutable:
             raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
+
+
+def _mutating_nodes(graph: torch.fx.GraphModule) -> list:
+    return [n for n in graph.graph.nodes if n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable]
+
+
+def _functionalize(graph: torch.fx.GraphModule, ctx) -> torch.fx.GraphModule:
+    """In-place ops that autograd's backward formulas leave (``fft_c2r_backward`` doubles a
+    ``narrow`` of its result with ``mul_``) become functional ops: the joint graph is plain ATen
+    with explicit gradients now, so torch.func.functionalize can trace it without autograd."""
+    run = torch.func.functionalize(torch.fx.Interpreter(graph).run, remove="mutations")
+    with trace._tracing(ctx):
+        graph = trace._make_fx(run, ctx)
+    for run_pass in _AFTER_TRACE:
+        graph = run_pass(graph, ctx)
+    return graph
 
 
 def _drop_detach(graph: torch.fx.GraphModule) -> None:

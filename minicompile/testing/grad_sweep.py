@@ -182,7 +182,7 @@ def compile_for_training(gm, inputs):
     try:
         joint = trace_joint(gm, example)
         part = partition(joint, config.partitioner)
-        return TrainingGraph(part, joint, compile_graph, example), "crash", ""
+        return TrainingGraph(part, joint, compile_graph, example), "compiled", ""
     except TrainingUnsupported as e:
         return compile_training(gm, example, {}), "eager-fallback", f"runs eagerly: {e}"
 

@@ -1,0 +1,60 @@
+"""Training-graph bugs the OpInfo gradient sweep and the training fuzzer found, each compiled for
+training (joint trace, partition, compiled forward and backward) and compared with eager.
+
+The CI slices of both differential runs are tests/opinfo/test_opinfo_grad_subset.py and
+tests/test_fuzz_train.py; the full runs: docs/testing.md.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from minicompile.aot import trace
+from minicompile.aot.runtime import TrainingGraph
+from minicompile.testing.grad_sweep import compare_training, compile_for_training, graph_of, run_with_grads
+
+aten = torch.ops.aten
+
+
+def check_compiled_training(fn, *inputs):
+    """``fn`` compiled for training (not an eager fallback) gives eager's outputs and grads."""
+    compiled, status, detail = compile_for_training(graph_of(fn, len(inputs)), list(inputs))
+    assert isinstance(compiled, TrainingGraph), detail
+    expected, actual = run_with_grads(fn, list(inputs), 0), run_with_grads(compiled, list(inputs), 0)
+    assert expected[2] > 0 and any(g is not None for g in expected[1])
+    assert compare_training(expected, actual, random=False) is None, compare_training(expected, actual, False)
+    return compiled
+
+
+def test_inplace_on_a_view_in_a_backward_formula_reaches_its_base():
+    """irfft's backward doubles a narrow of its result in place (fft_c2r_backward: ``mul_``):
+    rewriting that ``mul_`` out of place dropped the doubling from the gradient (half of it
+    was wrong); the joint graph is functionalized instead."""
+    def fn(x):
+        return (torch.fft.irfft(x, n=10, dim=1),)
+    check_compiled_training(fn, torch.randn(5, 6, 7, requires_grad=True))
+
+
+def test_leftover_inplace_keeps_a_mutation_of_a_view():
+    def fn(x):
+        y = x * 2
+        y.narrow(0, 1, 2).mul_(3)
+        return y
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(torch.randn(4))
+    assert trace._functionalize_leftover_inplace(gm) == []
+    assert torch.equal(gm(torch.ones(4)), fn(torch.ones(4)))
+
+
+def test_inplace_pow_becomes_the_tensor_scalar_overload():
+    """``pow_.Scalar`` is (Tensor, Scalar exponent): its out-of-place twin is ``pow.Tensor_Scalar``,
+    not ``pow.Scalar`` (a Scalar base), which crashed the retrace of dist's backward."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    node = g.call_function(aten.pow_.Scalar, (x, 2.0))
+    assert trace._out_of_place_overload(node) is aten.pow.Tensor_Scalar
+
+
+def test_dist_backward():
+    def fn(a, b):
+        return (torch.dist(a, b, 4),)
+    check_compiled_training(fn, torch.randn(5, 5, 5, requires_grad=True), torch.randn(5, 5, 5, requires_grad=True))

@@ -58,3 +58,17 @@ def test_dist_backward():
     def fn(a, b):
         return (torch.dist(a, b, 4),)
     check_compiled_training(fn, torch.randn(5, 5, 5, requires_grad=True), torch.randn(5, 5, 5, requires_grad=True))
+
+
+def test_data_dependent_backward_runs_eagerly_with_eager_grads():
+    """index_put with a boolean mask: the backward indexes by the mask's nonzero positions, a
+    data-dependent size the static compiler cannot take (it crashed in code generation). The
+    graph runs eagerly, with the reason, and its grads are eager's."""
+    mask = torch.tensor([True, True, False, True, False])
+
+    def fn(x, v):
+        return (torch.index_put(x, (mask,), v),)
+    inputs = [torch.randn(5, 5, requires_grad=True), torch.randn(5, requires_grad=True)]
+    compiled, status, detail = compile_for_training(graph_of(fn, 2), inputs)
+    assert status == "eager-fallback" and "data-dependent shape" in detail
+    assert compare_training(run_with_grads(fn, inputs, 0), run_with_grads(compiled, inputs, 0), random=False) is None

@@ -18,8 +18,8 @@ still holds a mutating op (one on a view) is traced once more, through torch.fun
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
 gradient is ever wrong: input mutation (BatchNorm's running statistics), random ops
-(dropout), outputs aliasing inputs or each other, autocast, and tensor attributes that
-require grad (their gradient would be lost).
+(dropout), outputs aliasing inputs or each other, autocast, tensor attributes that
+require grad (their gradient would be lost), and data-dependent sizes in the joint graph.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import torch.fx.traceback
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
@@ -75,7 +75,11 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
     ctx.fake_inputs = primals + tangents
     joint_fn = _joint_function(gm, len(primals), grad_inputs, diff_outputs)
     with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
-        graph = trace._make_fx(joint_fn, ctx)
+        try:
+            graph = trace._make_fx(joint_fn, ctx)
+        except GuardOnDataDependentSymNode as e:
+            raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
+    _check_static(graph)
     _drop_detach(graph)
     for run in _AFTER_TRACE:
         graph = run(graph, ctx)
@@ -142,6 +146,16 @@ def _check_joint(graph: torch.fx.GraphModule) -> None:
             raise TrainingUnsupported(f"random op {node.target} (backward must reuse the forward's values)")
         if node.target._schema.is_mutable:
             raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
+
+
+def _check_static(graph: torch.fx.GraphModule) -> None:
+    """A data-dependent size (index_put with a boolean mask: its backward indexes by the mask's
+    nonzero positions) cannot be compiled statically; Dynamo graph-breaks at such ops in the
+    forward, but the backward formula is ours to trace."""
+    for node in graph.graph.nodes:
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
+                raise TrainingUnsupported(f"{node.target} has a data-dependent shape in the joint graph")
 
 
 def _mutating_nodes(graph: torch.fx.GraphModule) -> list:

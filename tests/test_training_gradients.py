@@ -11,6 +11,8 @@ import torch.fx
 
 from minicompile.aot import trace
 from minicompile.aot.runtime import TrainingGraph
+from minicompile.pipeline import compile_graph
+from minicompile.testing.compare import mismatch
 from minicompile.testing.grad_sweep import compare_training, compile_for_training, graph_of, run_with_grads
 
 aten = torch.ops.aten
@@ -72,3 +74,22 @@ def test_data_dependent_backward_runs_eagerly_with_eager_grads():
     compiled, status, detail = compile_for_training(graph_of(fn, 2), inputs)
     assert status == "eager-fallback" and "data-dependent shape" in detail
     assert compare_training(run_with_grads(fn, inputs, 0), run_with_grads(compiled, inputs, 0), random=False) is None
+
+
+def test_hoisted_value_reading_a_temporary_of_literals():
+    """quantile's backward: ``where(flag, 0, expand(0.5 * 0))`` in a kernel whose 0-d load is
+    hoisted. The select was hoisted before the loop body that declares ``0.5 * 0``'s
+    temporary (a C++ compile error); only literals and hoisted values may feed a hoisted one."""
+    def fn(flag):
+        half = aten.scalar_tensor.default(0.5, dtype=torch.float32)
+        w = aten.where.self(flag, aten.scalar_tensor.default(0.0, dtype=torch.float32), (half * 0).expand(1))
+        return w, w.to(torch.int64)
+    flag = torch.tensor([False])
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(flag)
+    assert mismatch(fn(flag), compile_graph(gm, [flag])(flag)) is None
+
+
+def test_quantile_backward():
+    def fn(x):
+        return (torch.quantile(x, 0.5),)
+    check_compiled_training(fn, torch.randn((), requires_grad=True))

@@ -335,7 +335,8 @@ FIRST_DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, tor
 TRAINING_DTYPES = [torch.float32, torch.float32, torch.float32, torch.float64, torch.bfloat16]
 
 
-def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES) -> Program:
+def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES, reject=None) -> Program:
+    """Program ``seed``; ``reject(expr, vals)`` may turn down a proposed step (another is tried)."""
     rng = random.Random(seed)
     dtype = rng.choice(dtypes)
     base = _random_shape(rng)
@@ -352,7 +353,7 @@ def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES) -> Prog
         for _attempt in range(10):
             make = rng.choices([f for f, _ in OPS], [w for _, w in OPS])[0]
             expr = make(rng, vals)
-            if expr is None:
+            if expr is None or (reject is not None and reject(expr, vals)):
                 continue
             try:
                 out = eval(expr, ns)  # noqa: S307 - our own generated expression

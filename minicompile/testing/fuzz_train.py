@@ -16,6 +16,7 @@ as an eager fallback, and compared too. Failing programs are shrunk to reproduce
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import torch
@@ -50,8 +51,22 @@ if __name__ == "__main__":
 fallbacks: list = []   # (first seed of the batch, reason) of batches that ran eagerly
 
 
+# Ops whose derivative jumps (at 0, or where two operands tie). Eager's bfloat16 kernels round
+# intermediates where ours compute in float32 and round once, so on a bf16 intermediate a value
+# eager makes 1e-5 ours makes exactly 0 (a constant row's layer_norm, seed 600054), and the
+# derivative flips: the inference fuzzer keeps comparisons off bf16 intermediates for the same
+# reason.
+KINKED = re.compile(r"relu|abs|floor|maximum|minimum|amax|amin|where|sign")
+
+
+def _kink_on_bf16_intermediate(expr: str, vals: list) -> bool:
+    names = fuzz._names(expr)
+    return bool(KINKED.search(expr)) and any(
+        v.name in names and v.tensor.dtype == torch.bfloat16 and not v.is_input for v in vals)
+
+
 def generate(seed: int):
-    return fuzz.generate(seed, dtypes=fuzz.TRAINING_DTYPES)
+    return fuzz.generate(seed, dtypes=fuzz.TRAINING_DTYPES, reject=_kink_on_bf16_intermediate)
 
 
 def training_inputs(tensors: list) -> list:

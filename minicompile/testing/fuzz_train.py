@@ -1,8 +1,8 @@
 """The fuzzer's training mode: random programs compiled for training, gradients compared with eager.
 
-Programs come from the inference fuzzer's generator (testing/fuzz.py), with differentiable
-first inputs (float32 mostly, float64, bfloat16; other inputs may still be integer or bool).
-Every floating-point input requires grad. A batch of programs is one function whose outputs
+Programs come from the inference fuzzer's generator (testing/fuzz.py), drawing the inputs'
+dtype from floating-point ones (float32 mostly, float64, bfloat16; each input may still be
+integer or bool, one in five). Every floating-point input requires grad. A batch of programs is one function whose outputs
 are cloned (an output that is a view of an input runs eagerly in training, which would hide
 the batch's other programs from the compiler; aot/joint.py). It goes through the same
 training path as the OpInfo gradient sweep (testing/grad_sweep.py): joint trace, partitioner,

@@ -193,9 +193,10 @@ HEADER = [
     "",
     "Every PyTorch OpInfo with float32 CPU samples that supports autograd (torch " + torch.__version__ + "),",
     "compiled by minicompile for training (joint forward/backward trace, partitioner "
-    f"`{config.partitioner}`, compiled forward and backward graphs) and compared with eager: the",
-    "outputs, then the gradients of every input that requires grad under the same random cotangents.",
-    "An eager fallback (the training path refuses the graph, reason listed) is compared too. Regenerate with:",
+    f"`{config.partitioner}`,",
+    "compiled forward and backward graphs) and compared with eager: the outputs, then the gradients",
+    "of every input that requires grad under the same random cotangents. An eager fallback (the",
+    "training path refuses the graph; reason listed) is compared too. Regenerate with:",
     "",
     "    python -m minicompile.testing.grad_sweep --jobs 2 --report docs/opinfo-grad-report.md",
     "",

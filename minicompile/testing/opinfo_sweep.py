@@ -353,6 +353,10 @@ def report(results: dict, seconds: float, header: list = HEADER, module: str = M
     fallback = f"; eager fallbacks (compared too): {counts['eager-fallback']}" if counts["eager-fallback"] else ""
     lines += ["", f"Compiled and compared: {compiled} ops{fallback}; mismatches: {counts['mismatch']}; "
               f"crashes: {counts['crash']}.", ""]
+    fallbacks = Counter(r.detail for r in rows if r.status == "eager-fallback")
+    if fallbacks:
+        lines += ["## Eager fallbacks, by reason", "", "| ops | reason |", "|---|---|"]
+        lines += [f"| {n} | {_cell(reason)} |" for reason, n in fallbacks.most_common()] + [""]
     lines += ["## Most common extern reasons", "", "| ops | extern op: reason |", "|---|---|"]
     lines += [f"| {n} | {_cell(reason)} |" for reason, n in reasons.most_common(40)]
     lines += ["", "## Per op", "", "| op | status | samples | kernels | externs / detail |", "|---|---|---|---|---|"]

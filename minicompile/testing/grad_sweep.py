@@ -138,7 +138,7 @@ def _sweep_grad_samples(key, fn, inputs, num_samples) -> sweep.OpResult:
     res = sweep.OpResult(key, "crash", samples=num_samples)
     try:
         expected = run_with_grads(fn, inputs, 0)
-        res.random = sweep.mismatch(expected[0], run_with_grads(fn, inputs, 1)[0]) is not None
+        res.random = mismatch(expected[0], run_with_grads(fn, inputs, 1)[0]) is not None
     except Exception as e:  # noqa: BLE001
         res.status, res.detail = "eager-error", sweep._short(e)
         return res

@@ -8,7 +8,8 @@ the batch's other programs from the compiler; aot/joint.py). It goes through the
 training path as the OpInfo gradient sweep (testing/grad_sweep.py): joint trace, partitioner,
 compiled forward and backward graphs. The outputs and the gradients of every input that
 requires grad (under fixed random cotangents) are compared with eager's, with the inference
-fuzzer's tolerances. A batch the training path refuses (``TrainingUnsupported``) is counted
+fuzzer's tolerances; a bf16 program that fails them passes if it is no further from a float64
+run than eager is (_no_worse_than_eager). A batch the training path refuses (``TrainingUnsupported``) is counted
 as an eager fallback, and compared too. Failing programs are shrunk to reproducers::
 
     python -m minicompile.testing.fuzz_train --seed 0 -n 2000 --batch 10
@@ -88,7 +89,36 @@ def check_inputs(fn, inputs: list, tolerances=None) -> str | None:
         return f"crash: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
     if status == "eager-fallback":
         fallbacks.append(detail)
-    return compare_training(expected, actual, random=False, tolerances=tolerances)
+    found = compare_training(expected, actual, random=False, tolerances=tolerances)
+    if found and any(t.dtype == torch.bfloat16 for t in inputs) and _no_worse_than_eager(fn, inputs, expected, actual):
+        return None
+    return found
+
+
+def _no_worse_than_eager(fn, inputs: list, expected, actual) -> bool:
+    """For a bf16 program that fails the tolerance check: whether every compiled output and grad
+    is about as close to the float64 result as eager's (max error at most twice eager's, plus
+    bf16's atol). Gradients through a normalization over a dimension of 2 are rounding noise
+    amplified by rsqrt(var) (seed 700630: eager and ours both 166 off the float64 grad, 1 apart
+    from each other); the float64 run is the reference that tells noise from a wrong formula."""
+    wide = [copy_preserving_strides(t).to(torch.float64).requires_grad_(t.requires_grad)
+            if t.dtype == torch.bfloat16 else t for t in inputs]
+    reference = run_with_grads(fn, wide, 0, [o.dtype for o in expected[0]
+                                             if isinstance(o, torch.Tensor) and o.dtype.is_floating_point])
+    pairs = list(zip(expected[0], actual[0], reference[0])) + list(zip(expected[1], actual[1], reference[1]))
+    for e, a, r in pairs:
+        if not isinstance(e, torch.Tensor) or not e.dtype.is_floating_point or e.numel() == 0:
+            continue
+        if e.shape != r.shape:
+            return False
+        finite = torch.isfinite(r) & torch.isfinite(e.double())   # NaN/inf positions: checked before
+        if not finite.any():
+            continue
+        err_eager = (e.double() - r.double())[finite].abs().max()
+        err_ours = (a.double() - r.double())[finite].abs().max()
+        if not err_ours <= 2 * err_eager + 1e-2:
+            return False
+    return True
 
 
 def check_batch(programs: list) -> str | None:

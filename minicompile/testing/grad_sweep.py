@@ -100,8 +100,10 @@ def graph_of(fn, num_inputs: int) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def run_with_grads(fn, inputs: list, seed: int):
-    """``fn`` on fresh copies of ``inputs``: (flat outputs, grads of the inputs requiring grad)."""
+def run_with_grads(fn, inputs: list, seed: int, cotangent_dtypes=None):
+    """``fn`` on fresh copies of ``inputs``: (flat outputs, grads of the inputs requiring grad,
+    number of differentiable outputs). Cotangents are rounded to ``cotangent_dtypes`` (default:
+    each output's dtype), so a float64 rerun can take exactly the cotangents of a bf16 one."""
     args = [copy_preserving_strides(x) for x in inputs]
     torch.manual_seed(seed)
     with torch.enable_grad():
@@ -109,7 +111,8 @@ def run_with_grads(fn, inputs: list, seed: int):
     wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
     g = torch.Generator().manual_seed(1234)
-    cotangents = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in diff]
+    dtypes = cotangent_dtypes or [o.dtype for o in diff]
+    cotangents = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(dt).to(o.dtype) for o, dt in zip(diff, dtypes)]
     grads = torch.autograd.grad(diff, wrt, cotangents, allow_unused=True) if diff else [None] * len(wrt)
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads), len(diff)
 

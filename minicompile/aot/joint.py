@@ -16,7 +16,8 @@ mutated input at the end writes it back: the inference trace's input write-back 
 which the partitioner puts in the forward graph and CompiledGraph runs (``mutated_inputs``).
 In-place ops composite kernels leave on intermediates are rewritten by the inference pass that
 handles them (``trace.leftover_inplace``; dropout's ``bernoulli_`` too), and a joint graph that
-still holds another mutating op is refused.
+still holds a mutating op (one on a view) is traced once more, through torch.func.functionalize
+(gradients are explicit values by then); a mutating op left after that is refused.
 
 Random ops (dropout's ``bernoulli``) stay extern ATen calls in the forward graph, in graph
 order, so they draw from torch's generator exactly as eager does; the partitioner never
@@ -25,7 +26,8 @@ recomputes them, so backward reads the forward's mask.
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
 gradient is ever wrong: mutation of an input that requires grad, outputs aliasing inputs or
-each other, autocast, and tensor attributes that require grad (their gradient would be lost).
+each other, autocast, tensor attributes that require grad (their gradient would be lost),
+and data-dependent sizes in the joint graph.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import torch.fx.traceback
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
@@ -81,11 +83,17 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
     ctx.fake_inputs = primals + tangents
     joint_fn = _joint_function(gm, len(primals), grad_inputs, diff_outputs)
     with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
-        graph = trace._make_fx(joint_fn, ctx)
+        try:
+            graph = trace._make_fx(joint_fn, ctx)
+        except GuardOnDataDependentSymNode as e:
+            raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
+    _check_static(graph)
     _drop_detach(graph)
     _functionalize_input_mutations(graph)
     for run in _AFTER_TRACE:
         graph = run(graph, ctx)
+    if _mutating_nodes(graph):
+        graph = _functionalize(graph, ctx)
     _check_joint(graph)
     return JointGraph(graph, len(primals), len(outputs), grad_inputs, diff_outputs)
 
@@ -145,6 +153,34 @@ def _check_joint(graph: torch.fx.GraphModule) -> None:
             continue
         if node.target._schema.is_mutable and not is_input_write(node):
             raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
+
+
+def _check_static(graph: torch.fx.GraphModule) -> None:
+    """A data-dependent size (index_put with a boolean mask: its backward indexes by the mask's
+    nonzero positions) cannot be compiled statically; Dynamo graph-breaks at such ops in the
+    forward, but the backward formula is ours to trace."""
+    for node in graph.graph.nodes:
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
+                raise TrainingUnsupported(f"{node.target} has a data-dependent shape in the joint graph")
+
+
+def _mutating_nodes(graph: torch.fx.GraphModule) -> list:
+    """Mutating ops other than the input write-backs (which stay, for the forward graph)."""
+    return [n for n in graph.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and n.target._schema.is_mutable and not is_input_write(n)]
+
+
+def _functionalize(graph: torch.fx.GraphModule, ctx) -> torch.fx.GraphModule:
+    """In-place ops that autograd's backward formulas leave (``fft_c2r_backward`` doubles a
+    ``narrow`` of its result with ``mul_``) become functional ops: the joint graph is plain ATen
+    with explicit gradients now, so torch.func.functionalize can trace it without autograd."""
+    run = torch.func.functionalize(torch.fx.Interpreter(graph).run, remove="mutations")
+    with trace._tracing(ctx):
+        graph = trace._make_fx(run, ctx)
+    for run_pass in _AFTER_TRACE:
+        graph = run_pass(graph, ctx)
+    return graph
 
 
 def _drop_detach(graph: torch.fx.GraphModule) -> None:

@@ -207,7 +207,8 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
     in-place calls intact even under torch.func.functionalize in torch 2.13. The mutated
     value is always a fresh intermediate there, so ``y = op_(x, ...)`` becomes
     ``y = op(x, ...)`` and later readers of ``x`` read ``y``. Mutations of graph inputs
-    (copy_ into a placeholder) and of anything that has views are left untouched.
+    (copy_ into a placeholder), of anything that has views and of a view (its base would not
+    see the result) are left untouched.
     """
     rewritten = []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
@@ -216,7 +217,8 @@ def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:
         if functional is None:
             continue
         mutated = node.args[0]
-        if not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or _has_views(mutated, node):
+        if (not isinstance(mutated, torch.fx.Node) or mutated.op != "call_function" or _has_views(mutated, node)
+                or _returns_alias(mutated.target)):
             continue
         later_readers = [u for u in mutated.users if u is not node and order[u] > order[node]]
         with gm.graph.inserting_before(node):
@@ -264,10 +266,16 @@ def out_of_place_overload(node: torch.fx.Node):
     if name == "copy_":
         return None  # the write-back into a mutated input: kept on purpose
     packet = getattr(aten, name[:-1], None)
-    overload = target._overloadname
-    if packet is None or overload not in packet.overloads():
+    if packet is None:
         return None
-    return getattr(packet, overload)
+    # by argument types, not overload name: pow_.Scalar (Tensor self, Scalar exponent) is
+    # pow.Tensor_Scalar; pow.Scalar takes a Scalar self
+    types = _argument_types(target)
+    return next((getattr(packet, o) for o in packet.overloads() if _argument_types(getattr(packet, o)) == types), None)
+
+
+def _argument_types(op) -> list:
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
 
 
 def _has_views(node: torch.fx.Node, mutation: torch.fx.Node) -> bool:

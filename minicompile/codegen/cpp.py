@@ -57,6 +57,7 @@ class CppOps:
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
     invariant: set = field(default_factory=set)  # values computed outside the current loop
     constants: set = field(default_factory=set)  # values known when the kernel is generated
+    literals: set = field(default_factory=set)   # those of them that are literals, not temporaries
     # None: sin/cos through the library. A list: inline mc_sin_fast/mc_cos_fast, and their
     # arguments are collected here so the loop can check them against MC_TRIG_MAX
     trig_args: list | None = None
@@ -87,9 +88,11 @@ class CppOps:
         return value
 
     def _hoistable(self, *args) -> bool:
-        """Computed from hoisted values and literals only, with at least one hoisted value."""
+        """Computed from hoisted values and literals only, with at least one hoisted value. (Not
+        from a temporary computed from literals alone: it is declared in the loop body, after
+        the hoisted statements.)"""
         return (self.hoisted is not None and any(a.expr in self.outside for a in args)
-                and all(a.expr in self.outside or a.expr in self.constants for a in args))
+                and all(a.expr in self.outside or a.expr in self.literals for a in args))
 
     def load(self, name, index, dtype):
         if name in self.locals:
@@ -113,6 +116,7 @@ class CppOps:
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
         self.invariant.add(value.expr)
         self.constants.add(value.expr)
+        self.literals.add(value.expr)
         return value
 
     def _same_every_iteration(self, result: CV, *args) -> CV:

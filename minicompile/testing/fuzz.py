@@ -67,8 +67,8 @@ class Program:
     def make_inputs(self):
         return [make_input(i.shape, i.dtype, i.layout, seed=i.seed) for i in self.inputs]
 
-    def reproducer(self, message: str = "") -> str:
-        return REPRO_TEMPLATE.format(
+    def reproducer(self, message: str = "", template: str = "") -> str:
+        return (template or REPRO_TEMPLATE).format(
             message="\n".join(f"# {line}" for line in message.splitlines()), make_input=MAKE_INPUT_SOURCE,
             program=self.function_source(), inputs=",\n        ".join(i.source() for i in self.inputs))
 
@@ -330,9 +330,15 @@ def _random_shape(rng):
     return tuple(shape)
 
 
-def generate(seed: int, max_steps: int = 6) -> Program:
+# The first input's dtype: inference programs, and training programs (differentiable inputs).
+FIRST_DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
+TRAINING_DTYPES = [torch.float32, torch.float32, torch.float32, torch.float64, torch.bfloat16]
+
+
+def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES, reject=None) -> Program:
+    """Program ``seed``; ``reject(expr, vals)`` may turn down a proposed step (another is tried)."""
     rng = random.Random(seed)
-    dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+    dtype = rng.choice(dtypes)
     base = _random_shape(rng)
     inputs = []
     for k in range(rng.randint(1, 3)):
@@ -347,7 +353,7 @@ def generate(seed: int, max_steps: int = 6) -> Program:
         for _attempt in range(10):
             make = rng.choices([f for f, _ in OPS], [w for _, w in OPS])[0]
             expr = make(rng, vals)
-            if expr is None:
+            if expr is None or (reject is not None and reject(expr, vals)):
                 continue
             try:
                 out = eval(expr, ns)  # noqa: S307 - our own generated expression
@@ -493,13 +499,14 @@ def _prune(prog):
     return replace(prog, steps=list(reversed(kept)))
 
 
-def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print, check=check_batch) -> list:
-    """Fuzz ``n`` programs from ``seed`` with ``check`` (this module's, or fuzz_dynamic's);
-    returns the paths of reproducers written for failures."""
+def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=print,
+        make=generate, check=check_batch, template: str = "") -> list:
+    """Fuzz ``n`` programs from ``seed`` (``make(seed)`` builds one, ``check(programs)`` compiles and
+    compares a batch: this module's, fuzz_dynamic's or fuzz_train's); returns the paths of reproducers written for failures."""
     failures = []
     t0 = time.perf_counter()
     for start in range(0, n, batch):
-        programs = [generate(seed + k) for k in range(start, min(n, start + batch))]
+        programs = [make(seed + k) for k in range(start, min(n, start + batch))]
         if check(programs) is None:
             continue
         for p in programs:
@@ -509,7 +516,7 @@ def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=p
             os.makedirs(repro_dir, exist_ok=True)
             path = os.path.join(repro_dir, f"repro_seed{p.seed}.py")
             with open(path, "w") as f:
-                f.write(small.reproducer(f"fuzzer seed {p.seed}: {msg}"))
+                f.write(small.reproducer(f"fuzzer seed {p.seed}: {msg}", template))
             failures.append(path)
             log(f"[fuzz] program {p.seed} fails: {msg}\n       reproducer: {path}")
         log(f"[fuzz] {min(n, start + batch)}/{n} programs, {len(failures)} failing, {time.perf_counter() - t0:.0f} s")

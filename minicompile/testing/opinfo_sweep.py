@@ -52,6 +52,7 @@ MAX_SAMPLES = 4          # samples batched into one graph per op
 MAX_SAMPLE_NUMEL = 1 << 16  # skip giant samples: they test nothing more and slow the sweep
 OP_TIMEOUT_S = 240       # a worker making no progress for this long is killed; the op is a crash
 BAD = ("mismatch", "crash")
+MODULE = "minicompile.testing.opinfo_sweep"   # what workers run (__name__ is __main__ under -m)
 
 
 @dataclass
@@ -234,13 +235,13 @@ def _sweep_samples(op, key, samples) -> OpResult:
 
 # -- running the sweep in crash-isolated worker processes --------------------------------------
 
-def _worker(keys: list, out_path: str) -> None:
-    ops = float32_ops()
+def worker(keys: list, out_path: str, ops: dict, sweep_one) -> None:
+    """Sweep ``keys`` with ``sweep_one(op) -> OpResult``, one JSON line per op start and result."""
     with open(out_path, "a") as out:
         for key in keys:
             out.write(json.dumps({"start": key}) + "\n")
             out.flush()
-            out.write(json.dumps(asdict(sweep_op(ops[key]))) + "\n")
+            out.write(json.dumps(asdict(sweep_one(ops[key]))) + "\n")
             out.flush()
 
 
@@ -262,8 +263,9 @@ def _read_results(path: str):
     return done, started
 
 
-def run_sweep(keys: list, jobs: int, workdir: str) -> dict:
-    """Sweep ``keys`` in ``jobs`` worker processes; a worker that dies is restarted after its op."""
+def run_sweep(keys: list, jobs: int, workdir: str, module: str = MODULE) -> dict:
+    """Sweep ``keys`` in ``jobs`` worker processes (``python -m module --worker``); a worker that
+    dies is restarted after its op."""
     os.makedirs(workdir, exist_ok=True)
     shards = [keys[k::jobs] for k in range(jobs)]
     results = {}
@@ -274,7 +276,7 @@ def run_sweep(keys: list, jobs: int, workdir: str) -> dict:
         args_path = os.path.join(workdir, f"shard{j}.keys.json")
         with open(args_path, "w") as f:
             json.dump(remaining, f)
-        cmd = [sys.executable, "-m", "minicompile.testing.opinfo_sweep", "--worker", args_path, "--out", path]
+        cmd = [sys.executable, "-m", module, "--worker", args_path, "--out", path]
         procs[j] = (subprocess.Popen(cmd), remaining, path, time.monotonic())
 
     for j, shard in enumerate(shards):
@@ -321,32 +323,40 @@ _progress: dict = {}
 
 # -- the report ---------------------------------------------------------------------------------
 
-ORDER = ["native", "partial", "extern", "mismatch", "crash", "untraceable", "eager-error", "no-samples"]
+ORDER = ["native", "partial", "extern", "eager-fallback", "mismatch", "crash", "untraceable", "eager-error",
+         "no-samples"]
+HEADER = [
+    "# OpInfo sweep report",
+    "",
+    "Every PyTorch OpInfo with float32 CPU samples (torch " + torch.__version__ + "), compiled by",
+    "minicompile and compared with eager (values with dtype tolerances, NaN/inf positions,",
+    "dtype, shape, strides where eager's output is dense). Regenerate with:",
+    "",
+    "    python -m minicompile.testing.opinfo_sweep --jobs 2 --report docs/opinfo-report.md",
+    "",
+]
 
 
-def report(results: dict, seconds: float) -> str:
+def report(results: dict, seconds: float, header: list = HEADER, module: str = MODULE) -> str:
     rows = sorted(results.values(), key=lambda r: (ORDER.index(r.status), r.op))
     counts = Counter(r.status for r in rows)
     reasons = Counter(line for r in rows for line in r.externs)
-    lines = [
-        "# OpInfo sweep report",
-        "",
-        "Every PyTorch OpInfo with float32 CPU samples (torch " + torch.__version__ + "), compiled by",
-        "minicompile and compared with eager (values with dtype tolerances, NaN/inf positions,",
-        "dtype, shape, strides where eager's output is dense). Regenerate with:",
-        "",
-        "    python -m minicompile.testing.opinfo_sweep --jobs 2 --report docs/opinfo-report.md",
-        "",
+    lines = header + [
         f"{len(rows)} OpInfos swept in {seconds / 60:.1f} min (up to {MAX_SAMPLES} samples each, batched "
-        "into one graph). Statuses are defined in `minicompile/testing/opinfo_sweep.py`.",
+        f"into one graph). Statuses are defined in `{module.replace('.', '/')}.py`.",
         "",
         "| status | ops |",
         "|---|---|",
     ]
     lines += [f"| {s} | {counts[s]} |" for s in ORDER if counts[s]]
     compiled = sum(counts[s] for s in ("native", "partial", "extern", "mismatch", "crash"))
-    lines += ["", f"Compiled and compared: {compiled} ops; mismatches: {counts['mismatch']}; "
+    fallback = f"; eager fallbacks (compared too): {counts['eager-fallback']}" if counts["eager-fallback"] else ""
+    lines += ["", f"Compiled and compared: {compiled} ops{fallback}; mismatches: {counts['mismatch']}; "
               f"crashes: {counts['crash']}.", ""]
+    fallbacks = Counter(r.detail for r in rows if r.status == "eager-fallback")
+    if fallbacks:
+        lines += ["## Eager fallbacks, by reason", "", "| ops | reason |", "|---|---|"]
+        lines += [f"| {n} | {_cell(reason)} |" for reason, n in fallbacks.most_common()] + [""]
     lines += ["## Most common extern reasons", "", "| ops | extern op: reason |", "|---|---|"]
     lines += [f"| {n} | {_cell(reason)} |" for reason, n in reasons.most_common(40)]
     lines += ["", "## Per op", "", "| op | status | samples | kernels | externs / detail |", "|---|---|---|---|---|"]
@@ -365,26 +375,32 @@ def _cell(text: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Compile every float32 OpInfo with minicompile and compare with eager.")
+    return cli(argv, "Compile every float32 OpInfo with minicompile and compare with eager.",
+               float32_ops, sweep_op, MODULE, HEADER, "opinfo-sweep")
+
+
+def cli(argv, description: str, ops_fn, sweep_one, module: str, header: list, workdir: str) -> int:
+    """The command line of a sweep: ``ops_fn()`` names the OpInfos, ``sweep_one(op)`` sweeps one."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant); default all")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--report", help="write the markdown report here (e.g. docs/opinfo-report.md)")
-    p.add_argument("--workdir", default=os.path.join(config.cache_dir, "opinfo-sweep"),
+    p.add_argument("--workdir", default=os.path.join(config.cache_dir, workdir),
                    help="where workers write their results")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    ops = ops_fn()
     if args.worker:
         with open(args.worker) as f:
-            _worker(json.load(f), args.out)
+            worker(json.load(f), args.out, ops, sweep_one)
         return 0
-    ops = float32_ops()
     keys = sorted(ops)
     if args.ops:
         wanted = set(args.ops.split(","))
         keys = [k for k in keys if k in wanted or k.split(".")[0] in wanted]
     t0 = time.perf_counter()
-    results = run_sweep(keys, max(1, args.jobs), args.workdir)
+    results = run_sweep(keys, max(1, args.jobs), args.workdir, module)
     seconds = time.perf_counter() - t0
     counts = Counter(r.status for r in results.values())
     print(", ".join(f"{s} {counts[s]}" for s in ORDER if counts[s]))
@@ -393,7 +409,7 @@ def main(argv=None) -> int:
             print(f"  {r.status}: {r.op}: {r.detail}")
     if args.report:
         with open(args.report, "w") as f:
-            f.write(report(results, seconds))
+            f.write(report(results, seconds, header, module))
         print(f"report written to {args.report}")
     return 1 if any(r.status in BAD for r in results.values()) else 0
 

@@ -110,6 +110,15 @@ def test_unprovable_index_math_compiles_per_shape_with_correct_results(compiles,
     assert not any("int64_t s" in c.kernel_source for c in compiles)
 
 
+def test_a_symbolic_size_that_broadcast_at_the_traced_size_compiles_per_shape(compiles, fresh_dynamo):
+    # x[2::3] has s0 // 3 rows: 1 at the traced size, so ``x - x[2::3]`` broadcast it there.
+    # Read as "same size as x", the kernel indexed rows beyond it (fuzzer seed 131, dynamic mode).
+    def fn(x):
+        return x - x[2::3]
+    run_batches(fn, lambda b: torch.arange(b * 2.0).view(b, 2), "dynamic=True", batches=[3, 4, 5])
+    assert not any("int64_t s" in c.kernel_source for c in compiles)
+
+
 # -- the index algebra over symbols ------------------------------------------------------------
 
 def value(e: Expr, env: dict) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from minicompile.ir.expr import NotSymbolic
 from minicompile.ir.nodes import Lazy, TensorValue, shape_of
 from minicompile.ir.ops import POINTWISE_OPS, aten_overloads, compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -24,11 +25,26 @@ def broadcast_loader(value, out_size):
     if size == tuple(out_size):
         return load
     lead = len(out_size) - len(size)
+    spread = broadcast_dims(size, out_size)
 
     def broadcast(ops, index):
-        inner = [0 if s == 1 and out_size[lead + k] != 1 else index[lead + k] for k, s in enumerate(size)]
-        return load(ops, inner)
+        return load(ops, [0 if b else index[lead + k] for k, b in enumerate(spread)])
     return broadcast
+
+
+def broadcast_dims(size, out_size) -> list[bool]:
+    """Which dims of ``size`` (right-aligned) are broadcast to ``out_size``: those of size 1
+    under a larger size. A symbolic size that is neither 1 nor the output's size (``s0 // 3``
+    under ``s0``: it broadcast at the traced size because it was 1 there) cannot be told
+    apart from an equal size written differently, so it is not compiled symbolically."""
+    lead = len(out_size) - len(size)
+    spread = []
+    for k, s in enumerate(size):
+        out = out_size[lead + k]
+        if s != out and s != 1 and not (isinstance(s, int) and isinstance(out, int)):
+            raise NotSymbolic(f"size {s} broadcast to {out}: equal or 1 depends on the sizes")
+        spread.append(s == 1 and out != 1)
+    return spread
 
 
 def make_pointwise(op: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
 from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides,
                                   is_static, prod, shape_of, sym_value)
+from minicompile.lowering.pointwise import broadcast_dims
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 
@@ -85,9 +86,8 @@ def t(lw, node, x):
 def expand(lw, node, x, size, implicit=False):
     size = shape_of(node.meta["val"])
     lead = len(size) - len(x.size)
-    src = tuple(x.size)
-    return make_view(x, size, lambda idx: [0 if s == 1 and size[lead + k] != 1 else idx[lead + k]
-                                           for k, s in enumerate(src)])
+    spread = broadcast_dims(tuple(x.size), size)
+    return make_view(x, size, lambda idx: [0 if b else idx[lead + k] for k, b in enumerate(spread)])
 
 
 @register_lowering(aten.unsqueeze.default)

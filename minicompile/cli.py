@@ -2,6 +2,7 @@
 
     minicompile inspect TARGET [--stages ...] [--out DIR] [--frontend dynamo|minicompile]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
+    minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
     minicompile cache info | clear
 
 Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
@@ -48,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Test-only sizes: "tiny" runs in seconds; not advertised.
     bench.add_argument("--size", choices=["full", "quick", "tiny"], help=argparse.SUPPRESS)
     bench.add_argument("--no-inductor", action="store_true", help="skip the Inductor column")
+    bench.add_argument("--models", action="store_true",
+                       help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
+                            "--workloads picks models; docs/models.md)")
+    bench.add_argument("--profile", action="store_true", help="with --models: where minicompile's time goes")
 
     cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
@@ -84,6 +89,10 @@ def _inspect(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.models:
+        from minicompile.tools import bench_models
+        names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
+        return bench_models.run_models(names, args.size or "full", not args.no_inductor, args.profile, args.json)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

@@ -31,15 +31,23 @@ LAYOUTS = (torch.contiguous_format, torch.channels_last)
 
 
 def claim_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """convolution(clone(input, channels_last), ...) for an NCHW float32 CPU input, else None."""
+    """convolution with its NCHW input and weight cloned channels-last (float32, CPU), else None.
+
+    Both, not only the input: with a channels-last input and an NCHW weight, oneDNN reorders
+    the weight inside every call, slowly (a 256x256x3x3 weight at 8x8: 23 ms against 1.8 ms
+    with both channels-last and 1.9 ms with both NCHW, one thread); our clone is a plain
+    transposing kernel."""
     if not (_ACTIVE.get() and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
-            and not transposed and all(isinstance(s, int) for s in (*input.shape, *weight.shape))):
+            and weight.dim() == 4 and not transposed
+            and all(isinstance(s, int) for s in (*input.shape, *weight.shape))):
         return None
-    if input.is_contiguous(memory_format=torch.channels_last) or not input.is_contiguous() \
-            or not weight.is_contiguous():
+    cl = torch.channels_last
+    x_ready, w_ready = input.is_contiguous(memory_format=cl), weight.is_contiguous(memory_format=cl)
+    if (x_ready and w_ready) or not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
         return None
-    x = aten.clone.default(input, memory_format=torch.channels_last)
-    return aten.convolution.default(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    x = input if x_ready else aten.clone.default(input, memory_format=cl)
+    w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
+    return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:

@@ -87,10 +87,12 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool) ->
 
 # ---------------------------------------------------------------- the parent
 
-def run_worker(name, size, reps, inductor, profile) -> dict:
+def run_worker(name, size, reps, inductor, profile, threads=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicompile-models-") as tmp:
         env = dict(os.environ, MINICOMPILE_CACHE_DIR=os.path.join(tmp, "mc"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), HF_HUB_OFFLINE="1")
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
         env.pop("MINICOMPILE_DEBUG", None)
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.bench_models", "--worker", name, "--size", size,
@@ -156,13 +158,22 @@ def format_table(results: list, info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_row(r: dict) -> str:
+    """One model's line while the run goes on (stderr), so a cut-short run still says something."""
+    if "error" in r:
+        return f"{r['model']}: {r['error']}"
+    return (f"{r['model']}: eager {_ms(r, 'eager')} / minicompile {_ms(r, 'minicompile')} / inductor "
+            f"{_ms(r, 'inductor')} ms; compile {_fmt((r.get('minicompile') or {}).get('compile_s'), '.1f')} / "
+            f"{_fmt((r.get('inductor') or {}).get('compile_s'), '.1f')} s")
+
+
 def available(name: str) -> bool:
     needs = MODELS[name].needs
     return needs is None or importlib.util.find_spec(needs) is not None
 
 
 def run_models(names: list | None, size: str = "full", inductor: bool = True, profile: bool = False,
-               json_path: str | None = None, stream=sys.stdout) -> int:
+               json_path: str | None = None, stream=sys.stdout, threads: int | None = None) -> int:
     names = names or [n for n in MODELS if available(n)]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -173,8 +184,9 @@ def run_models(names: list | None, size: str = "full", inductor: bool = True, pr
     results = []
     for n in names:
         print(f"@progress {n}", file=sys.stderr, flush=True)
-        results.append(run_worker(n, size, reps, inductor, profile))
-    info = dict(machine_info(), size=size, reps=reps)
+        results.append(run_worker(n, size, reps, inductor, profile, threads))
+        print(format_row(results[-1]), file=sys.stderr, flush=True)
+    info = dict(machine_info(), size=size, reps=reps, torch_threads=threads or torch.get_num_threads())
     print(format_table(results, info), end="", file=stream)
     if json_path:
         with open(json_path, "w") as f:
@@ -190,6 +202,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-inductor", action="store_true")
     p.add_argument("--profile", action="store_true", help="also show where minicompile's time goes")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the workers (default: torch's choice)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -199,7 +212,7 @@ def main(argv=None) -> int:
             json.dump(result, f)
         return 0
     names = [n.strip() for n in args.models.split(",")] if args.models else None
-    return run_models(names, args.size, not args.no_inductor, args.profile, args.json)
+    return run_models(names, args.size, not args.no_inductor, args.profile, args.json, threads=args.threads)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
                             "--workloads picks models; docs/models.md)")
     bench.add_argument("--profile", action="store_true", help="with --models: where minicompile's time goes")
+    bench.add_argument("--threads", type=int, help="with --models: OMP_NUM_THREADS for the timed processes")
 
     cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
@@ -92,7 +93,8 @@ def _bench(args) -> int:
     if args.models:
         from minicompile.tools import bench_models
         names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
-        return bench_models.run_models(names, args.size or "full", not args.no_inductor, args.profile, args.json)
+        return bench_models.run_models(names, args.size or "full", not args.no_inductor, args.profile, args.json,
+                                       threads=args.threads)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

@@ -34,7 +34,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # above that: lower it as code is removed, never raise it by habit. Symbolic sizes (~250 lines) and
 # compiled training (joint trace, min-cut partitioner, autograd runtime, backward decompositions,
 # ~600 lines) and the front end's never-crash work came next: 12,517 measured with all of them.
-CORE_LINE_BUDGET = 12_600
+# Channels-last convolution graphs with loops in memory order (aot/conv_layout.py, issue 15)
+# added ~105 (12,705).
+CORE_LINE_BUDGET = 12_710
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
@@ -56,6 +58,7 @@ ALLOWED_FUNCTION_IMPORTS = {
         "the OpInfo database takes seconds to import; only the sweep needs it",
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
+    ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
 }
 
 

@@ -22,8 +22,9 @@ import tempfile
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from minicompile.tools.bench import machine_info, time_interleaved
+from minicompile.tools.bench import _render, machine_info, time_interleaved
 from minicompile.tools.bench_worker import max_diff
 from minicompile.tools.models import MODELS
 
@@ -43,7 +44,6 @@ def _compile(model, inputs, backend):
 
 def profile_minicompile(call, calls: int = 3) -> dict:
     """ms per call of minicompile's kernels (``cpp_*`` events), of each extern op, and the total."""
-    from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             call()
@@ -126,7 +126,6 @@ def _geomean(vals):
 
 
 def format_table(results: list, info: dict) -> str:
-    from minicompile.tools.bench import _render
     rows = [["model", "shape", "eager ms", "minicompile ms", "inductor ms", "mc/eager", "mc/inductor",
              "compile s mc / ind", "mc compile / ind"]]
     for r in results:

@@ -26,7 +26,8 @@ import torch
 from minicompile.config import config
 
 aten = torch.ops.aten
-_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("minicompile_conv_channels_last", default=False)
+# inside functionalize_channels_last: a list the claim appends to each time it converts
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("minicompile_conv_channels_last", default=None)
 LAYOUTS = (torch.contiguous_format, torch.channels_last)
 
 
@@ -37,7 +38,8 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     the weight inside every call, slowly (a 256x256x3x3 weight at 8x8: 23 ms against 1.8 ms
     with both channels-last and 1.9 ms with both NCHW, one thread); our clone is a plain
     transposing kernel."""
-    if not (_ACTIVE.get() and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
+    claimed = _ACTIVE.get()
+    if not (claimed is not None and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
             and weight.dim() == 4 and not transposed
             and all(isinstance(s, int) for s in (*input.shape, *weight.shape))):
         return None
@@ -45,6 +47,7 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     x_ready, w_ready = input.is_contiguous(memory_format=cl), weight.is_contiguous(memory_format=cl)
     if (x_ready and w_ready) or not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
         return None
+    claimed.append(True)
     x = input if x_ready else aten.clone.default(input, memory_format=cl)
     w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
     return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -106,13 +109,15 @@ def functionalize_channels_last(functionalize, gm, ctx):
     expected = eager_output_strides(gm) if config.conv_channels_last else None
     if expected is None:
         return functionalize(gm, ctx)
-    token = _ACTIVE.set(True)
+    token = _ACTIVE.set(claimed := [])
     try:
         traced = functionalize(gm, ctx)
     except Exception:  # a view only NCHW allows: trace as the user wrote it
+        if not claimed:
+            raise
         traced = None
     finally:
         _ACTIVE.reset(token)
-    if traced is not None and restore_outputs(traced, expected):
+    if traced is not None and (not claimed or restore_outputs(traced, expected)):
         return traced
     return functionalize(gm, ctx)

@@ -3,6 +3,7 @@
     minicompile inspect TARGET [--stages ...] [--out DIR] [--frontend dynamo|minicompile]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
+    minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
     minicompile cache info | clear
 
 Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
@@ -52,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--train", action="store_true",
                        help="time training steps (forward + backward) of the training workloads instead, with "
                             "cold compile times and bytes saved for backward (docs/training.md)")
+    bench.add_argument("--models", action="store_true",
+                       help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
+                            "--workloads picks models; docs/models.md)")
+    bench.add_argument("--profile", action="store_true", help="with --models: where minicompile's time goes")
+    bench.add_argument("--threads", type=int, help="with --models: OMP_NUM_THREADS for the timed processes")
 
     cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
@@ -96,6 +102,11 @@ def _bench(args) -> int:
         size = args.size or ("quick" if args.quick else "full")
         names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_train.TRAIN_WORKLOADS)
         return bench_train.run_train_bench(names, size, bench_train.REPS[size], not args.no_inductor, args.json)
+    if args.models:
+        from minicompile.tools import bench_models
+        names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
+        return bench_models.run_models(names, args.size or "full", not args.no_inductor, args.profile, args.json,
+                                       threads=args.threads)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

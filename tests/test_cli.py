@@ -277,3 +277,15 @@ def test_debug_ladder_prints_the_same_stages(tmp_path):
     for title in ("captured FX graph", "ATen graph", "fusion groups", "generated kernels"):
         assert title in proc.stdout
     assert "host wrapper" not in proc.stdout
+
+
+def test_bench_models_tiny_prints_the_table_and_json(tmp_path):
+    # the real-model suite at its test size, minicompile vs eager only (Inductor's compile is slow)
+    out = tmp_path / "models.json"
+    proc = run_cli("bench", "--models", "--workloads", "resnet18", "--size", "tiny", "--no-inductor",
+                   "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "resnet18" in proc.stdout and "geomean" in proc.stdout
+    result = json.loads(out.read_text())["results"][0]
+    assert result["model"] == "resnet18" and result["minicompile"]["max_abs_diff"] < 1e-4
+    assert result["eager"]["median_s"] > 0 and result["minicompile"]["median_s"] > 0

@@ -175,9 +175,11 @@ def test_write_back_fuses_into_the_kernel_reading_the_same_element():
 
 
 def test_write_back_stays_apart_from_a_read_of_another_element():
-    """y reads p transposed: in one loop, element (i, j) would be overwritten before (j, i) reads it."""
+    """y (contiguous) reads p transposed: in one loop, element (i, j) would be overwritten before
+    (j, i) reads it. (``p.t() * 2`` alone is laid out transposed, like eager's, and its loop now runs
+    in memory order, reading each element of p in the iteration that writes it: that one fuses.)"""
     def update(p):
-        y = p.t() * 2
+        y = (p.t() * 2).contiguous()
         p.mul_(3)
         return y
 

@@ -46,7 +46,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Symbolic sizes in the Triton kernels and launcher, symbolic cat/pad/slice/argmax lowerings and
 # fusion of coarser symbolic ranges added ~120 lines; division by a polynomial (a KV
 # cache s + 1 long, so generate() compiles 3 times, not once per token) and quotient ranges ~45.
-CORE_LINE_BUDGET = 13_800
+# Channels-last convolution graphs with loops in memory order (aot/conv_layout.py, issue 15)
+# added ~105: 13,953 measured with all of them.
+CORE_LINE_BUDGET = 14_000
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
@@ -70,6 +72,7 @@ ALLOWED_FUNCTION_IMPORTS = {
         "the OpInfo database takes seconds to import; only the sweep needs it",
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
+    ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
 }
 
 

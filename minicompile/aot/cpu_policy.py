@@ -6,6 +6,7 @@ on knobs, and each keeps an op whole that lowering then runs as an extern call.
 
     CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
                         the device-neutral decomposition (thunder's executors claim ops the same way)
+    claim_convolution   NHWC input for oneDNN, inside inference traces only (aot/conv_layout.py)
     fold_gelu_into_onednn_linear   an ATen pass (aot/passes.py): GELU as oneDNN's post-op
     EXTERN_ON_PURPOSE   op -> reason(args): why lowering leaves it to the vendor library
 
@@ -18,6 +19,7 @@ import math
 
 import torch
 
+from minicompile.aot.conv_layout import claim_convolution
 from minicompile.config import config
 
 aten = torch.ops.aten
@@ -147,6 +149,7 @@ CPU_CLAIMS = {
     aten.addmm.default: _claim_addmm,
     aten.mm.default: _claim_mm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
+    aten.convolution.default: claim_convolution,   # channels-last input (aot/conv_layout.py)
 }
 
 

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from minicompile.aot import trace
+from minicompile.aot.conv_layout import functionalize_channels_last
 from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear
 
 
@@ -32,9 +33,14 @@ def _fold_gelu(gm, ctx):
     return gm
 
 
+def _functionalize(gm, ctx):
+    """trace.functionalize, with CPU convolutions fed channels-last (aot/conv_layout.py)."""
+    return functionalize_channels_last(trace.functionalize, gm, ctx)
+
+
 ATEN_PASSES = (
     AtenPass("custom_ops", trace.custom_ops),              # mutating custom ops -> functional twins
-    AtenPass("functionalize", trace.functionalize),        # make_fx + functionalize + our decompositions
+    AtenPass("functionalize", _functionalize),             # make_fx + functionalize + our decompositions
     AtenPass("leftover_inplace", trace.leftover_inplace),  # in-place ops composite kernels left behind
     AtenPass("dce", trace.dce),
     AtenPass("fold_gelu", _fold_gelu),                     # CPU: GELU into oneDNN's linear

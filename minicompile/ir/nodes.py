@@ -150,9 +150,35 @@ class ComputedBuffer(Buffer):
     """A buffer filled by a generated loop nest (Pointwise or Reduction)."""
     data: Any = None
     mutates: Optional[str] = None  # the name of the input buffer this writes into, if any
+    # data's loops run over the dims in this order (memory order, see ``in_memory_order``);
+    # store_index takes an index in that order
+    loop_order: Optional[tuple] = None
 
     def store_index(self, index) -> Expr:
-        return self.layout.index(index)
+        return self.layout.index(logical_index(index, self.loop_order) if self.loop_order else index)
+
+
+def memory_order(layout: Layout) -> tuple | None:
+    """The dims of a dense, static, permuted layout from outermost to innermost in memory (e.g.
+    channels-last NCHW: (0, 2, 3, 1)); None when the loops may run in logical order."""
+    if not (is_static(layout.size) and is_static(layout.stride)) or layout.storage_numel() != prod(layout.size):
+        return None
+    order = tuple(sorted(range(len(layout.size)), key=lambda d: (-layout.stride[d] if layout.size[d] > 1 else 0, d)))
+    moved = [d for d in order if layout.size[d] > 1]
+    return order if moved != sorted(moved) else None
+
+
+def logical_index(index, order) -> list:
+    out = [None] * len(order)
+    for k, d in enumerate(order):
+        out[d] = index[k]
+    return out
+
+
+def in_memory_order(data: Pointwise, order: tuple) -> Pointwise:
+    """``data`` with its loops permuted to ``order``: consecutive iterations store consecutively."""
+    body = data.body
+    return Pointwise(tuple(data.ranges[d] for d in order), lambda ops, idx: body(ops, logical_index(idx, order)))
 
 
 @dataclass(eq=False)

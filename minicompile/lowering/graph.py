@@ -25,7 +25,8 @@ from minicompile.ir.expr import Expr
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
-                                  contiguous_strides, iteration_vars, prod, shape_of, strides_of, sym_value)
+                                  contiguous_strides, in_memory_order, iteration_vars, memory_order, prod, shape_of,
+                                  strides_of, sym_value)
 from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import Unsupported, lowering_for
 
@@ -80,8 +81,10 @@ class GraphLowering:
             layout = Layout(size, contiguous_strides(size), 0, value.dtype, value.device)
         assert tuple(layout.size) == size, (layout.size, size)
         names = list(dict.fromkeys(list(getattr(value, "origins", [])) + list(origins or [])))
-        buf = ComputedBuffer(self.new_name(), layout, names,
-                             data=Pointwise(size, value.loader()))
+        data, order = Pointwise(size, value.loader()), memory_order(layout)
+        if order is not None:  # e.g. channels-last: loop in memory order, not NCHW's
+            data = in_memory_order(data, order)
+        buf = ComputedBuffer(self.new_name(), layout, names, data=data, loop_order=order)
         self.register(buf)
         return StorageView.whole(buf)
 

@@ -1,0 +1,118 @@
+"""Channels-last convolution graphs on CPU (aot/conv_layout.py) and loops in memory order (ir/nodes.py)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minicompile.config import patch
+from minicompile.ir.nodes import Layout, memory_order
+from minicompile.tools.models import MODELS
+from tests.helpers import assert_matches_eager, compile_with_dynamo
+
+
+def _clones_to_channels_last(graph) -> int:
+    return sum(1 for n in graph.aten_graph.graph.nodes
+               if n.target is torch.ops.aten.clone.default and n.kwargs.get("memory_format") is torch.channels_last)
+
+
+class ConvChain(nn.Module):
+    """conv -> BatchNorm -> ReLU -> conv (+ residual) -> returned as NCHW, as eager returns it."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.c1(x)))
+        return self.c2(y) + y, y.mean((2, 3))
+
+
+def _eval(model):
+    model.eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def test_conv_chain_runs_channels_last_inside_and_returns_eager_layout(fresh_dynamo):
+    torch.manual_seed(0)
+    model, x = _eval(ConvChain()), torch.randn(2, 3, 12, 10)
+    with torch.no_grad():
+        ref = model(x)
+    out, graphs = compile_with_dynamo(model, x)
+    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)  # values and eager's (contiguous) strides
+    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    # the input once (the second conv already gets NHWC), and each weight
+    assert _clones_to_channels_last(graphs[0]) == 1 + len(convs) == 3
+    assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
+
+
+def test_switched_off_keeps_nchw(fresh_dynamo):
+    torch.manual_seed(0)
+    model, x = _eval(ConvChain()), torch.randn(1, 3, 8, 8)
+    with patch(conv_channels_last=False):
+        out, graphs = compile_with_dynamo(model, x)
+    assert _clones_to_channels_last(graphs[0]) == 0
+    with torch.no_grad():
+        assert_matches_eager(out, model(x))
+
+
+def test_a_view_only_nchw_allows_falls_back_to_nchw_trace(fresh_dynamo):
+    # conv output .view(n, -1) is impossible on channels-last strides: traced again as written
+    conv = nn.Conv2d(3, 4, 3).eval()
+
+    def fn(x):
+        return conv(x).view(x.shape[0], -1) * 2
+
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        ref = fn(x)
+    out, graphs = compile_with_dynamo(fn, x)
+    assert_matches_eager(out, ref)
+    assert _clones_to_channels_last(graphs[0]) == 0
+
+
+def test_channels_last_input_is_not_converted_again(fresh_dynamo):
+    conv = nn.Conv2d(4, 4, 3, padding=1).eval()
+    x = torch.randn(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        ref = F.gelu(conv(x))
+    out, graphs = compile_with_dynamo(lambda t: F.gelu(conv(t)), x)
+    assert_matches_eager(out, ref)   # eager's result is channels-last here, and so is ours
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert _clones_to_channels_last(graphs[0]) == 1   # the NCHW weight only
+
+
+@pytest.mark.parametrize("name", ["resnet18", "convnext", "efficientnet", "vit", "swin"])
+def test_model_suite_tiny_matches_eager(name, fresh_dynamo):
+    model, inputs = MODELS[name].build("tiny")
+    with torch.no_grad():
+        ref = model(*inputs)
+    out, graphs = compile_with_dynamo(model, *inputs)
+    assert_matches_eager(out, ref, atol=1e-4, rtol=1e-4)
+    assert len(graphs) == 1 and hasattr(graphs[0], "aten_graph")   # one compiled graph, no fallback
+
+
+def test_memory_order_of_layouts():
+    def lay(size, stride):
+        return Layout(size, stride, 0, torch.float32, torch.device("cpu"))
+    assert memory_order(lay((2, 3, 4, 5), (60, 20, 5, 1))) is None               # contiguous
+    assert memory_order(lay((2, 3, 4, 5), (60, 1, 15, 3))) == (0, 2, 3, 1)       # channels-last
+    assert memory_order(lay((3, 4), (1, 3))) == (1, 0)                           # transposed
+    assert memory_order(lay((3, 1, 4), (1, 1, 3))) is not None                   # size-1 dims ignored
+    assert memory_order(lay((3, 4), (1, 6))) is None                             # not dense
+
+
+def test_transposed_output_is_written_in_memory_order():
+    # eager gives a + b.t() (b transposed, a broadcast) the transposed layout; the kernel's
+    # innermost loop should walk the output's contiguous dim, and values must match
+    a, b = torch.randn(64, 1), torch.randn(48, 64)
+
+    def fn(a, b):
+        return (a + b.t()).exp()
+
+    out, _ = compile_with_dynamo(fn, a, b)
+    assert_matches_eager(out, fn(a, b))

@@ -119,6 +119,23 @@ def test_a_symbolic_size_that_broadcast_at_the_traced_size_compiles_per_shape(co
     assert not any("int64_t s" in c.kernel_source for c in compiles)
 
 
+def test_a_static_size_kernel_indexed_by_a_symbolic_stride(compiles, fresh_dynamo, caplog):
+    # a[..., :1] of a (4, 5, s) tensor: static sizes, stride s. Its load depends on the loop
+    # index through (x0 // 5) * 5 * s, a product the loop-invariant hoisting once missed (the
+    # load went before the loop), and the kernel needs s, which a horizontal group did not pass.
+    def fn(a, b, c):
+        return torch.maximum(a[..., :1], b) == b, c * 2
+    compiled = torch.compile(fn, backend="minicompile")
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        for n in (3, 6, 7):
+            a, b, c = (torch.randint(-5, 5, size) for size in ((4, 5, n), (4, 5, 1), (4, 5, 1)))
+            torch._dynamo.mark_dynamic(a, 2)
+            for got, want in zip(compiled(a, b, c), fn(a, b, c)):
+                assert torch.equal(got, want)
+    assert "failed" not in caplog.text
+    assert len(compiles) == 1 and "int64_t s" in compiles[0].kernel_source
+
+
 # -- the index algebra over symbols ------------------------------------------------------------
 
 def value(e: Expr, env: dict) -> int:

@@ -23,8 +23,8 @@ in-place update of a mutated input counts as a write of that input). Members are
 consecutive in the schedule, so no extern call moves across a group; the wrapper keeps
 every buffer a member touches alive until the group's call (codegen/wrapper.py).
 
-Only static-size pointwise kernels group (reductions keep their own regions and per-row
-structure; symbolic sizes decide threads at run time).
+Only static-size pointwise kernels of graphs without size symbols group (reductions keep
+their own regions and per-row structure; symbolic sizes decide threads at run time).
 """
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ from minicompile.scheduler.kernel import FusedKernel
 
 
 def groupable(ck) -> bool:
-    """A kernel that can run inside a group's region (a CppKernel, not yet rendered)."""
-    return not ck.k.is_reduction and ck.static and not ck.inner_parallel and ck.k.outer_numel != 0
+    """A kernel that can run inside a group's region (a CppKernel, not yet rendered). Only in
+    graphs without size symbols: a static-size kernel may still index by a symbolic stride,
+    and a group passes pointers only."""
+    return (not ck.k.is_reduction and ck.static and not ck.symbols and not ck.inner_parallel
+            and ck.k.outer_numel != 0)
 
 
 def form_groups(steps: list, kernels: dict) -> list[list]:

@@ -433,8 +433,9 @@ def atoms_of(e: Expr) -> set:
     for a, _ in e.terms:
         if isinstance(a, Var):
             out.add(a)
-        elif isinstance(a, Prod):
-            out |= {f for f in a.factors if isinstance(f, Var)}
+        elif isinstance(a, Prod):  # factors: Vars, Syms and atoms over an index ((x0 // s1) * s1)
+            for f in a.factors:
+                out |= {f} if isinstance(f, Var) else set() if isinstance(f, Sym) else atoms_of(f.arg)
         elif not isinstance(a, Sym):
             out |= atoms_of(a.arg)
     return out

@@ -75,6 +75,7 @@ class CaptureReport:
     breaks: list = field(default_factory=list)
     fallbacks: list = field(default_factory=list)
     recompiles: list = field(default_factory=list)
+    dynamic: list = field(default_factory=list)    # capture.dynamic.DynamicRecord: sizes made symbolic, or not
     entries: list = field(default_factory=list)
     output: object = None         # explain(): the value the call returned
     eager_output: object = None   # inspect: what the model returned when run eagerly

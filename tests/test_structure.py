@@ -43,7 +43,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Capturing HF models and image models in one graph (objects made while tracing, super(), Python
 # __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries, map/filter,
 # deque) added ~580.
-CORE_LINE_BUDGET = 13_650
+# Automatic dynamic sizes in our front end (capture/dynamic.py: sizes that changed become symbols,
+# SymInts as graph nodes, the ShapeEnv's guards, the static retrace) added ~165.
+CORE_LINE_BUDGET = 13_815
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -97,19 +97,18 @@ def shape_env_mode(fake_mode_cls):
     return fake_mode_cls(allow_non_fake_inputs=False, shape_env=ShapeEnv(duck_shape=False))
 
 
-def symbolic_fake(fake_mode, t: torch.Tensor, dims: tuple, index: int):
-    from torch._dynamo.source import ConstantSource   # names the symbols' origin in ShapeEnv messages
+def symbolic_fake(fake_mode, t: torch.Tensor, dims: tuple):
     ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
                                                   for d in range(t.dim())])
-    return fake_mode.from_tensor(t, symbolic_context=ctx, source=ConstantSource(f"t{index}"))
+    return fake_mode.from_tensor(t, symbolic_context=ctx)
 
 
 def concrete(v):
     """A Python value for ``v``: a SymInt read as an int (the ShapeEnv guards its value)."""
     if isinstance(v, SYM_TYPES):
         return _CONCRETE[type(v)](v)
-    if type(v) in (tuple, list) or isinstance(v, torch.Size):
-        return type(v)(concrete(x) for x in v) if not isinstance(v, torch.Size) else tuple(concrete(x) for x in v)
+    if isinstance(v, (tuple, list)) and type(v) in (tuple, list, torch.Size):
+        return (list if type(v) is list else tuple)(concrete(x) for x in v)
     return v
 
 

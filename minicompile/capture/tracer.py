@@ -271,7 +271,7 @@ class Tracer:
             raise GraphBreak(f"non-strided tensor input at {source}")
         dims = self.sizes.dynamic_dims(source, value) if self.sizes is not None else ()
         if dims and self.symbolic:
-            fake = dynamic.symbolic_fake(self.fake_mode, value, dims, len(self.symbolic_inputs))
+            fake = dynamic.symbolic_fake(self.fake_mode, value, dims)
         else:
             dims, fake = (), self.fake_mode.from_tensor(value, static_shapes=True)
         # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.

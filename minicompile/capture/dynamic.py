@@ -93,8 +93,10 @@ class FrameSizes:
 
 def shape_env_mode(fake_mode_cls):
     """The fake mode of a symbolic trace: no duck sizing (equal sizes are not assumed equal
-    symbols; a relation the trace uses is a guard instead)."""
-    return fake_mode_cls(allow_non_fake_inputs=False, shape_env=ShapeEnv(duck_shape=False))
+    symbols; a relation the trace uses is a guard instead), and data-dependent output sizes
+    (``nonzero``) still refused, a graph break as in a static trace."""
+    env = ShapeEnv(duck_shape=False, allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+    return fake_mode_cls(allow_non_fake_inputs=False, shape_env=env)
 
 
 def symbolic_fake(fake_mode, t: torch.Tensor, dims: tuple):

@@ -113,6 +113,16 @@ def test_non_contiguous_inputs_stay_static():
         torch.testing.assert_close(compiled(x, y), x + y)
 
 
+def data_dependent(x):
+    return x[x > 0].sum() + x.nonzero().shape[0] * x
+
+
+def test_data_dependent_sizes_still_break_after_a_recompile():
+    compiled = capture_compile(data_dependent)
+    _run_sizes(data_dependent, compiled, [2, 3, 4, 5], lambda b: (torch.randn(b, 3),))
+    assert compiled.capture_report.break_count > 0
+
+
 # ---------------------------------------------------------------- HF generate (issues 13, 14)
 transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -44,8 +44,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # __getattribute__/__setattr__/__getitem__ hooks, try/with blocks traced, state queries, map/filter,
 # deque) added ~580.
 # Automatic dynamic sizes in our front end (capture/dynamic.py: sizes that changed become symbols,
-# SymInts as graph nodes, the ShapeEnv's guards, the static retrace) added ~165.
-CORE_LINE_BUDGET = 13_815
+# SymInts as graph nodes, the ShapeEnv's guards, the static retrace, compile(dynamic=...) and
+# mark_dynamic) added ~180.
+CORE_LINE_BUDGET = 13_830
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -40,8 +40,9 @@ def eager_backend(gm: torch.fx.GraphModule, example_inputs: list):
 class CaptureContext:
     """Shared by everything one ``compile()`` produced: backend, report, nested wrappers."""
 
-    def __init__(self, backend=None, force_fallback: str | None = None):
+    def __init__(self, backend=None, force_fallback: str | None = None, dynamic: bool | None = None):
         self.backend = backend or eager_backend
+        self.dynamic = dynamic        # torch.compile's ``dynamic``: None (automatic), True, False
         self.report = CaptureReport()
         self.force_fallback = force_fallback     # e.g. unsupported Python version
         self.caches: dict = {}        # code object -> CodeCache
@@ -109,7 +110,7 @@ class CodeCache:
     def frame_sizes(self, offset: int) -> FrameSizes:
         fs = self.sizes.get(offset)
         if fs is None:
-            fs = self.sizes[offset] = FrameSizes(self.code.co_name, offset, self.ctx.report)
+            fs = self.sizes[offset] = FrameSizes(self.code.co_name, offset, self.ctx.report, self.ctx.dynamic)
         return fs
 
     # ------------------------------------------------------------------ binding

@@ -54,23 +54,28 @@ class FrameSizes:
     """The tensor sizes the traces of one frame (code object, offset) saw, per source; ``None``
     marks a dimension that changed between two traces (symbolic from then on)."""
 
-    def __init__(self, code_name: str, offset: int, report):
+    def __init__(self, code_name: str, offset: int, report, mode: bool | None = None):
         self.code_name, self.offset, self.report = code_name, offset, report
+        self.mode = mode              # compile(dynamic=...): None automatic, True all sizes, False none
         self.sizes: dict[str, list] = {}
         self.pinned: set[tuple[str, int]] = set()   # dimensions a symbolic trace specialised
-        self.static_reason: str | None = None
+        self.static_reason: str | None = None if mode is not False else "compile(dynamic=False)"
 
-    def wants_symbolic(self) -> bool:
-        """A recompile that has not given up on symbols: trace on a ShapeEnv (a size may differ)."""
-        return self.static_reason is None and bool(self.sizes)
+    def wants_symbolic(self, L: tuple = ()) -> bool:
+        """Trace on a ShapeEnv: a recompile (a size may have changed), ``dynamic=True``, or an
+        argument with ``mark_dynamic`` dimensions; unless this frame gave up on symbols."""
+        return self.static_reason is None and (bool(self.sizes) or self.mode is True or any(
+            hasattr(v, "_dynamo_dynamic_indices") for v in L if isinstance(v, torch.Tensor)))
 
     def dynamic_dims(self, source: str, t: torch.Tensor) -> tuple:
         """Record ``t``'s sizes; the dimensions this trace makes symbolic."""
         seen = self.sizes.get(source)
         if seen is None or len(seen) != t.dim():
-            self.sizes[source] = list(t.shape)
-            return ()
+            seen = self.sizes[source] = list(t.shape)
+        marked = set(getattr(t, "_dynamo_dynamic_indices", ())) | (set(range(t.dim())) if self.mode else set())
         for d, n in enumerate(t.shape):
+            if d in marked:
+                seen[d] = None
             if seen[d] is not None and seen[d] != n and (source, d) not in self.pinned:
                 seen[d] = None
                 self._note("dynamic", f"{source}.shape[{d}] changed ({n}): symbolic from now on")

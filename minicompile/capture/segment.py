@@ -64,7 +64,7 @@ def trace_segment(cache, offset: int, L: tuple) -> Entry:
     """An entry for the frame at ``offset``: with symbolic sizes where the frame's sizes changed
     before (capture.dynamic), else, or where that fails, static."""
     sizes = cache.frame_sizes(offset)
-    if sizes.wants_symbolic():
+    if sizes.wants_symbolic(L):
         try:
             return _trace(cache, offset, L, sizes)
         except Exception as e:  # any gap of the symbolic trace: the static trace is always right
@@ -76,7 +76,7 @@ def trace_segment(cache, offset: int, L: tuple) -> Entry:
 def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
     forced: dict = {}
     for _ in range(MAX_RESTARTS):
-        tracer = Tracer(forced, call=call, sizes=sizes)
+        tracer = Tracer(forced, call=call, sizes=sizes, symbolic=sizes.wants_symbolic(L))
         frame = None
         try:
             frame = _make_frame(cache, tracer, offset, L)

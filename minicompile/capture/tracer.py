@@ -84,11 +84,12 @@ class Tracer:
     of a value can then run user code (a property getter) without importing the interpreter.
     """
 
-    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call, sizes=None):
+    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call, sizes=None,
+                 symbolic: bool = False):
         self._call = call
         self.graph = torch.fx.Graph()
         self.sizes = sizes            # dynamic.FrameSizes: which input sizes are symbolic
-        self.symbolic = sizes is not None and sizes.wants_symbolic()
+        self.symbolic = symbolic      # trace on a ShapeEnv
         self.fake_mode = (dynamic.shape_env_mode(FakeTensorMode) if self.symbolic
                           else FakeTensorMode(allow_non_fake_inputs=False))
         self.sym_nodes = dynamic.SymNodes(self.graph)

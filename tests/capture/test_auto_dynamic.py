@@ -35,6 +35,22 @@ def test_mlp_batch_sizes_2_to_64_compile_twice(compiles):
     assert len(compiled.capture_report.recompiles) == 1
 
 
+def test_dynamic_true_and_mark_dynamic_compile_once_dynamic_false_per_size(compiles):
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    _run_sizes(mlp, minicompile.compile(mlp, dynamic=True), range(2, 20), lambda b: (torch.randn(b, 16),))
+    assert len(compiles) == 1, len(compiles)
+
+    def marked(b):
+        x = torch.randn(b, 16)
+        torch._dynamo.mark_dynamic(x, 0)
+        return (x,)
+    _run_sizes(mlp, minicompile.compile(mlp), range(2, 20), marked)
+    assert len(compiles) == 2, len(compiles)
+    _run_sizes(mlp, minicompile.compile(mlp, dynamic=False), range(2, 6), lambda b: (torch.randn(b, 16),))
+    assert len(compiles) == 2 + 4, len(compiles)
+
+
 def softmax_norm(x, w):
     b = x.shape[0]
     h = torch.softmax(x.view(b, 4, -1), -1).reshape(b, -1) * 2

@@ -107,6 +107,31 @@ def test_a_size_returned_to_python_is_its_value():
         assert got[1:] == expected[1:], (got, expected)
 
 
+def _formatted(x):
+    n = x.shape[0]
+    return x * len("{}".format(n * 100) + str(n) + f"{n:>5}")
+
+
+def _arithmetic(x):
+    n, m = x.shape
+    return x[: n // 2 + 1].sum(0) * (m - n) + max(n, 3) * x.mean(0) + x.size(0) / x.numel()
+
+
+def _sized_ops(x):
+    n = x.shape[0]
+    return torch.zeros(n, 2) + x.new_ones(n, 2) + x.reshape(n * 2).view(n, 2) + isinstance(n, int)
+
+
+def _size_as_dict_key(x):
+    return x + len({x.shape[0]: 1})
+
+
+@pytest.mark.parametrize("fn", [_formatted, _arithmetic, _sized_ops, _size_as_dict_key])
+def test_python_on_symbolic_sizes_matches_eager(fn):
+    compiled = capture_compile(fn)
+    _run_sizes(fn, compiled, [2, 3, 4, 5, 6, 1, 10, 3], lambda b: (torch.randn(b, 2),))
+
+
 def add_two(x, y):
     return x + y
 

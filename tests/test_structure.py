@@ -45,8 +45,8 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # deque) added ~580.
 # Automatic dynamic sizes in our front end (capture/dynamic.py: sizes that changed become symbols,
 # SymInts as graph nodes, the ShapeEnv's guards, the static retrace, compile(dynamic=...) and
-# mark_dynamic) added ~185.
-CORE_LINE_BUDGET = 13_835
+# mark_dynamic) added ~190.
+CORE_LINE_BUDGET = 13_840
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

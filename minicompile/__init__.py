@@ -16,10 +16,11 @@ def _default_backend(gm, example_inputs):
     return minicompile_backend(gm, example_inputs)
 
 
-def compile(fn=None, *, backend=None):
+def compile(fn=None, *, backend=None, dynamic=None):
     """Capture ``fn`` (a function or nn.Module) with minicompile's bytecode tracer and compile each
-    graph with ``backend`` (default: the minicompile pipeline). Usable as ``@compile`` too."""
-    return _capture_compile(fn, backend=backend or _default_backend)
+    graph with ``backend`` (default: the minicompile pipeline). Usable as ``@compile`` too.
+    ``dynamic`` as torch.compile's: None (sizes that change become symbolic), True, False."""
+    return _capture_compile(fn, backend=backend or _default_backend, dynamic=dynamic)
 
 
 def explain(fn, backend=None):

@@ -60,19 +60,22 @@ class CompiledModule:
         return f"CompiledModule({self._module!r})"
 
 
-def compile(fn=None, *, backend=None):
+def compile(fn=None, *, backend=None, dynamic=None):
     """Capture ``fn`` (a function or nn.Module) with minicompile's bytecode tracer.
 
     ``backend(gm, example_inputs) -> callable`` compiles each captured FX graph; the
     default runs graphs eagerly. Usable as ``@compile``, ``@compile(backend=...)`` or
-    ``compile(fn)``. The result has ``capture_report`` (a CaptureReport).
+    ``compile(fn)``. The result has ``capture_report`` (a CaptureReport). ``dynamic`` has
+    torch.compile's meaning (capture/dynamic.py): None makes the sizes that change between
+    calls symbolic (and ``torch._dynamo.mark_dynamic``'s dimensions from the first call),
+    True every size from the first call, False none.
     """
     if fn is None:
-        return functools.partial(compile, backend=backend)
+        return functools.partial(compile, backend=backend, dynamic=dynamic)
     problem = _version_problem()
     if problem:
         warnings.warn(problem, stacklevel=2)
-    ctx = CaptureContext(backend or eager_backend, force_fallback=problem)
+    ctx = CaptureContext(backend or eager_backend, force_fallback=problem, dynamic=dynamic)
     return _compile_with(ctx, fn)
 
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
+from minicompile.capture.dynamic import SYM_TYPES, concrete
 from minicompile.capture.variables import (GraphBreak, SymBoundMethod, SymFunction, SymIter, TensorMethod,
                                            TensorVar, contains_symbolic)
 
@@ -40,7 +41,7 @@ def _constant_args(name: str, args, kwargs) -> None:
 def _pure(fn):
     def handler(tracer: Tracer, args, kwargs):
         _constant_args(fn.__name__, args, kwargs)
-        return fn(*args, **kwargs)
+        return fn(*concrete(args), **kwargs)   # str(SymInt) would be its symbol's name
     return handler
 
 
@@ -195,7 +196,12 @@ def _issub(tp, cls) -> bool:
     return issubclass(tp, cls)
 
 
+_SYM_PYTHON = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 def _type_of(v) -> type:
+    if isinstance(v, SYM_TYPES):   # a symbolic size stands for an int
+        return _SYM_PYTHON[type(v)]
     if isinstance(v, TensorVar):
         return v.cls
     if isinstance(v, SymFunction):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from minicompile.capture.dynamic import FrameSizes
 from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
 from minicompile.capture.fallback import try_fx
 from minicompile.capture.frame import arg_names, bind_arguments, prescan
@@ -39,8 +40,9 @@ def eager_backend(gm: torch.fx.GraphModule, example_inputs: list):
 class CaptureContext:
     """Shared by everything one ``compile()`` produced: backend, report, nested wrappers."""
 
-    def __init__(self, backend=None, force_fallback: str | None = None):
+    def __init__(self, backend=None, force_fallback: str | None = None, dynamic: bool | None = None):
         self.backend = backend or eager_backend
+        self.dynamic = dynamic        # torch.compile's ``dynamic``: None (automatic), True, False
         self.report = CaptureReport()
         self.force_fallback = force_fallback     # e.g. unsupported Python version
         self.caches: dict = {}        # code object -> CodeCache
@@ -96,6 +98,7 @@ class CodeCache:
         self.globals = fn.__globals__
         self.ctx = ctx
         self.entries: dict[int, list] = {0: []}
+        self.sizes: dict[int, FrameSizes] = {}   # per offset: the sizes its traces saw
         self.fast0: list = []          # entries[0]'s fast functions, what the wrapper loops over
         self.eager = False
         self._warned = False
@@ -103,6 +106,12 @@ class CodeCache:
         flags = self.code.co_flags
         self.simple_nargs = (self.code.co_argcount if not (flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS))
                              and not self.code.co_kwonlyargcount else -1)
+
+    def frame_sizes(self, offset: int) -> FrameSizes:
+        fs = self.sizes.get(offset)
+        if fs is None:
+            fs = self.sizes[offset] = FrameSizes(self.code.co_name, offset, self.ctx.report, self.ctx.dynamic)
+        return fs
 
     # ------------------------------------------------------------------ binding
     def bind(self, fn, args: tuple, kwargs: dict) -> tuple:

@@ -21,6 +21,7 @@ from minicompile.capture.builtins_table import BUILTINS
 from minicompile.capture.frame import Frame, bind_arguments, prescan
 from minicompile.capture.interpreter import run_frame
 from minicompile.capture import objects, semantics
+from minicompile.capture.dynamic import concrete
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod,
@@ -178,7 +179,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONSTANT_TYPES and not contains_symbolic(
             (fn.__self__, args, kwargs)):
-        return fn(*args, **kwargs)   # str.startswith, int.bit_length, ...: pure on constants
+        # str.startswith, int.bit_length, ...: pure on constants; a size as its value ("{}".format(n))
+        return fn(*concrete(args), **{k: concrete(v) for k, v in kwargs.items()})
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONTAINER_METHODS:
         return _container_method(tracer, fn, args, kwargs)
     if isinstance(fn, types.BuiltinMethodType) and fn.__self__ is dict and fn.__name__ == "fromkeys":

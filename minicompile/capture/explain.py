@@ -75,6 +75,7 @@ class CaptureReport:
     breaks: list = field(default_factory=list)
     fallbacks: list = field(default_factory=list)
     recompiles: list = field(default_factory=list)
+    dynamic: list = field(default_factory=list)    # capture.dynamic.DynamicRecord: sizes made symbolic, or not
     entries: list = field(default_factory=list)
     output: object = None         # explain(): the value the call returned
     eager_output: object = None   # inspect: what the model returned when run eagerly
@@ -124,6 +125,7 @@ class CaptureReport:
         for r in self.recompiles:
             out.append(f"  recompile of {r.code_name}()@{r.offset}: guard failed: {r.guard}"
                        + ("  [recompile limit hit: running eagerly]" if r.limit_hit else ""))
+        out.extend(f"  sizes of {d}" for d in self.dynamic)
         for i, g in enumerate(self.graphs):
             out.append(f"--- graph {i}: {g.code_name}() from offset {g.offset}, {g.ops} ops")
             out.append(g.graph.code.strip())

@@ -71,7 +71,9 @@ class Guards:
     def grad_mode(self, enabled: bool) -> None:
         self.add(f"_grad() is {enabled}", kind="GRAD_MODE", check=f"grad mode {'on' if enabled else 'off'}")
 
-    def tensor(self, src: str, t: torch.Tensor) -> None:
+    def tensor(self, src: str, t: torch.Tensor, sizes: bool = True) -> None:
+        """Type, dtype, device, requires_grad, and (``sizes``) the exact shape and strides; a
+        symbolic input's sizes are guarded by its ShapeEnv instead (capture.dynamic)."""
         cls = self.ns.const(type(t), "T")
         dtype = self.ns.const(t.dtype, "dt")
         # is_cpu / get_device() are several times cheaper than comparing .device objects.
@@ -83,9 +85,9 @@ class Guards:
             device = f"{src}.device == {self.ns.const(t.device, 'dev')}"
         desc = (f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} stride {tuple(t.stride())} {t.device}"
                 f"{' requires_grad' if t.requires_grad else ''} (type, dtype, device, shape, stride, requires_grad)")
-        self.add(f"type({src}) is {cls}", f"{src}.dtype is {dtype}", device, f"{src}.shape == {tuple(t.shape)!r}",
-                 f"{src}.stride() == {tuple(t.stride())!r}", f"{src}.requires_grad is {t.requires_grad}",
-                 kind="TENSOR_MATCH", what=src, check=desc)
+        shape = [f"{src}.shape == {tuple(t.shape)!r}", f"{src}.stride() == {tuple(t.stride())!r}"] if sizes else []
+        self.add(f"type({src}) is {cls}", f"{src}.dtype is {dtype}", device, *shape,
+                 f"{src}.requires_grad is {t.requires_grad}", kind="TENSOR_MATCH", what=src, check=desc)
 
     def alias(self, src: str, other: str) -> None:
         self.add(f"{src} is {other}", kind="ALIAS_MATCH", what=src, check=f"is {other}")

@@ -11,6 +11,7 @@ import operator
 
 from minicompile.capture import objects, semantics
 from minicompile.capture.calls import call
+from minicompile.capture.dynamic import concrete
 from minicompile.capture.frame import PY311
 from minicompile.capture.registry import HANDLERS, op
 from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
@@ -101,7 +102,7 @@ def _format_value(frame, inst):
     spec = frame.pop() if has_spec else ""
     frame.pop()
     conv = {0: lambda v: v, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
-    frame.push(format(conv(value), spec))
+    frame.push(format(conv(concrete(value)), spec))   # a symbolic size formats as its value
 
 
 @op("SET_ADD")

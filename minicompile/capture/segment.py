@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from minicompile.capture import objects
+from minicompile.capture import dynamic, objects
 from minicompile.capture.calls import call
 from minicompile.capture.codegen import Reifier, compile_function, side_effect_lines
 from minicompile.capture.frame import Frame, arg_names
@@ -61,9 +61,22 @@ class Entry:
 
 
 def trace_segment(cache, offset: int, L: tuple) -> Entry:
+    """An entry for the frame at ``offset``: with symbolic sizes where the frame's sizes changed
+    before (capture.dynamic), else, or where that fails, static."""
+    sizes = cache.frame_sizes(offset)
+    if sizes.wants_symbolic(L):
+        try:
+            return _trace(cache, offset, L, sizes)
+        except Exception as e:  # any gap of the symbolic trace: the static trace is always right
+            why = e.reason if isinstance(e, (CannotCapture, GraphBreak)) else f"{type(e).__name__}: {e}"
+            sizes.give_up(why)
+    return _trace(cache, offset, L, sizes)
+
+
+def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
     forced: dict = {}
     for _ in range(MAX_RESTARTS):
-        tracer = Tracer(forced, call=call)
+        tracer = Tracer(forced, call=call, sizes=sizes, symbolic=sizes.wants_symbolic(L))
         frame = None
         try:
             frame = _make_frame(cache, tracer, offset, L)
@@ -118,7 +131,8 @@ def _make_frame(cache, tracer: Tracer, offset: int, L: tuple) -> Frame:
 
 
 def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
-    """Every TensorVar reachable from ``values`` (in a stable order), for graph outputs."""
+    """Every TensorVar reachable from ``values`` (in a stable order), for graph outputs; a
+    symbolic size among them is a SymbolicUnsupported (generated code cannot hold one)."""
     todo = list(values)
     while todo:
         v = todo.pop(0)
@@ -127,6 +141,8 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
         seen.add(id(v))
         if isinstance(v, TensorVar):
             out.setdefault(id(v), v)
+        elif isinstance(v, dynamic.SYM_TYPES):
+            raise dynamic.SymbolicUnsupported(f"a symbolic size ({v}) reaches Python code after the graph")
         elif id(v) in new_objects:
             todo.extend(objects.children(v))
         elif isinstance(v, (tuple, list, collections.deque)):
@@ -198,6 +214,8 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
         compiled = cache.ctx.backend(gm, example)
         name = ns.const(compiled, "graph")
         lines.append(f"o = {name}({', '.join(inp.source for inp in tracer.inputs)})")
+    if tracer.symbolic_inputs:
+        _shape_guards(tracer, cache.frame_sizes(offset))
     if tracer.grad_changed:  # leave grad mode as the traced code did, whatever the backend did
         ns.values["_set_grad"] = torch._C._set_grad_enabled
         lines.append(f"_set_grad({tracer.grad_enabled})")
@@ -225,6 +243,19 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
     entry = Entry(offset, tracer.guards, check, run, fast, fast_src, gm, ops, action)
     cache.ctx.report.record_entry(cache, entry, check_source(tracer.guards.exprs, "check"))
     return entry
+
+
+def _shape_guards(tracer: Tracer, sizes) -> None:
+    """Guard a symbolic trace with its ShapeEnv's guards (taken after the backend compiled, so
+    they hold what the pipeline relied on too); a size the trace pinned to one value stays
+    static in later traces."""
+    inputs = tracer.symbolic_inputs
+    expr = dynamic.produce_guards([i.var.fake for i in inputs], [i.source for i in inputs])
+    if expr:
+        tracer.guards.add(expr, kind="SHAPE_ENV", what="sizes", check=expr)
+    for inp in inputs:
+        for d, n in dynamic.specialised(inp.var.fake):
+            sizes.pin(inp.source, d, f"the trace needed its value ({n})")
 
 
 __all__ = ["trace_segment", "Entry", "CannotCapture", "MISS"]

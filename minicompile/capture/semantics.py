@@ -42,7 +42,8 @@ MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
 # ``__getitem__`` implementations that only read storage: safe to run on the real object.
 _STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
 _PLAIN = (types.MappingProxyType, collections.deque, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
-          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS)
+          slice, range, torch.Size, torch.dtype, torch.device, torch.layout, type, *DICT_VIEWS,
+          torch.SymInt, torch.SymFloat, torch.SymBool)   # symbolic sizes: Python ops on them guard
 
 # Tensor attributes that are pure metadata: read from the fake tensor, specialized, and
 # kept valid by the tensor guards (dtype, device, shape, strides, requires_grad).
@@ -95,7 +96,7 @@ def unary(tracer: Tracer, fn, v):
         return tracer.call_graph("call_function", fn, (v,))
     if fn is operator.not_:
         return not truth(tracer, v)
-    if isinstance(v, (int, float, complex, bool)):
+    if isinstance(v, (int, float, complex, bool, torch.SymInt, torch.SymFloat)):
         return fn(v)
     raise GraphBreak(f"unary {fn.__name__} on {type(v).__name__}")
 

@@ -18,6 +18,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from minicompile.capture import dynamic
 from minicompile.capture.guards import Guards, Namespace
 from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter, SymCell,
                                            SymIter, TensorVar)
@@ -83,10 +84,16 @@ class Tracer:
     of a value can then run user code (a property getter) without importing the interpreter.
     """
 
-    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call):
+    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call, sizes=None,
+                 symbolic: bool = False):
         self._call = call
         self.graph = torch.fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.sizes = sizes            # dynamic.FrameSizes: which input sizes are symbolic
+        self.symbolic = symbolic      # trace on a ShapeEnv
+        self.fake_mode = (dynamic.shape_env_mode(FakeTensorMode) if self.symbolic
+                          else FakeTensorMode(allow_non_fake_inputs=False))
+        self.sym_nodes = dynamic.SymNodes(self.graph)
+        self.symbolic_inputs: list[GraphInput] = []
         self.ns = Namespace()
         self.guards = Guards(self.ns)
         self.grad_enabled = torch.is_grad_enabled()
@@ -263,7 +270,11 @@ class Tracer:
             return same
         if value.is_sparse or value.layout != torch.strided:
             raise GraphBreak(f"non-strided tensor input at {source}")
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        dims = self.sizes.dynamic_dims(source, value) if self.sizes is not None else ()
+        if dims and self.symbolic:
+            fake = dynamic.symbolic_fake(self.fake_mode, value, dims)
+        else:
+            dims, fake = (), self.fake_mode.from_tensor(value, static_shapes=True)
         # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.
         anchor = self.inputs[-1].var.node if self.inputs else None
         ctx = self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None)
@@ -271,8 +282,11 @@ class Tracer:
             node = self.graph.placeholder(self._placeholder_name(source))
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, type(value), source)
-        self.guards.tensor(source, value)
+        self.guards.tensor(source, value, sizes=not dims)
         self.inputs.append(GraphInput(source, var, value))
+        if dims:   # its sizes and strides are guarded by the ShapeEnv (dynamic.produce_guards)
+            self.symbolic_inputs.append(self.inputs[-1])
+            self.sym_nodes.add_input(node, fake)
         self.tensor_by_id[id(value)] = var
         self._keep.append(value)
         return var
@@ -352,8 +366,9 @@ class Tracer:
             name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
             raise GraphBreak(f"{name}: {type(e).__name__}: {_short(e)} "
                               f"(data-dependent or unsupported while tracing)") from None
+        to_node = self._to_node
         if result is None and mutates:  # e.g. setitem: recorded for its effect, returns None
-            node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
+            node = self.graph.create_node(kind, target, _map(args, to_node), _map(kwargs, to_node))
             node.meta["example_value"] = None
             return None
         if not _has_tensor(result):
@@ -362,12 +377,17 @@ class Tracer:
             name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
             raise GraphBreak(f"{name} returns a non-tensor value ({type(result).__name__}) "
                               f"that depends on tensor data")
-        node = self.graph.create_node(kind, target, _map(args, _to_node), _map(kwargs, _to_node))
+        node = self.graph.create_node(kind, target, _map(args, to_node), _map(kwargs, to_node))
         node.meta["example_value"] = result
         where = self.where()
         if where:
             node.meta["stack_trace"] = f"  File {where}"
         return self._wrap_result(node, result)
+
+    def _to_node(self, v):
+        if isinstance(v, TensorVar):
+            return v.node
+        return self.sym_nodes.node_of(v) if isinstance(v, dynamic.SYM_TYPES) else v
 
     def _wrap_result(self, node: torch.fx.Node, result):
         if isinstance(result, torch.Tensor):
@@ -422,7 +442,7 @@ def graph_constant(v):
     """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
     the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
     graph break rather than a NameError or SyntaxError when the graph runs."""
-    if isinstance(v, (TensorVar, torch.Tensor)) or type(v) in _GRAPH_CONSTANTS or (
+    if isinstance(v, (TensorVar, torch.Tensor, *dynamic.SYM_TYPES)) or type(v) in _GRAPH_CONSTANTS or (
             type(v) is type and v in _GRAPH_TYPES):
         return v
     if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
@@ -438,10 +458,6 @@ def _to_fake(v):
     return v
 
 
-def _to_node(v):
-    return v.node if isinstance(v, TensorVar) else v
-
-
 def _map(value, fn):
     if isinstance(value, (TensorVar, torch.Tensor)):
         return fn(value)
@@ -454,7 +470,7 @@ def _map(value, fn):
     if type(value) is slice:
         return slice(_map(value.start, fn), _map(value.stop, fn), _map(value.step, fn))
     if isinstance(value, torch.Size):
-        return value
+        return value if all(type(s) is int for s in value) else tuple(_map(s, fn) for s in value)
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
         return type(value)(*[_map(v, fn) for v in value])
     if isinstance(value, (SymIter, SymCell)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from minicompile.ir.expr import NotSymbolic
+from minicompile.ir.expr import Expr, NotSymbolic
 from minicompile.ir.nodes import Lazy, TensorValue, shape_of
 from minicompile.ir.ops import POINTWISE_OPS, aten_overloads, compute_dtype
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
@@ -72,8 +72,8 @@ def make_pointwise(op: str):
                     v = ld(ops, index)
                     keep = compute_dtype(a.dtype) == cdtype or (op == "where" and k == 0)  # the condition stays bool
                     vals.append(v if keep else ops.to_dtype(v, cdtype))
-                else:
-                    vals.append(ops.constant(a, cdtype))
+                else:   # a symbolic size (``arange(n) + s0``) is read in the loop body
+                    vals.append(ops.index_expr(a, cdtype) if isinstance(a, Expr) else ops.constant(a, cdtype))
             return ops.pointwise(op, *vals, dtype=out_dtype)
         return Lazy(meta.dtype, meta.device, size, body, [node.name])
     return lower

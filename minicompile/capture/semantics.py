@@ -28,6 +28,9 @@ BINARY_OPS = {
     "**=": operator.ipow, ">>=": operator.irshift, "-=": operator.isub, "/=": operator.itruediv,
     "^=": operator.ixor,
 }
+# ``n += t`` on a Python number is ``n + t`` (numbers are immutable); a graph node
+# ``operator.iadd(0, t)`` would print as ``0 += t``, which is no Python.
+_OUT_OF_PLACE = {fn: BINARY_OPS[sym[:-1]] for sym, fn in BINARY_OPS.items() if sym.endswith("=")}
 COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                ">": operator.gt, ">=": operator.ge}
 _COMPARES = set(COMPARE_OPS.values())
@@ -75,6 +78,8 @@ def is_plain(v) -> bool:
 
 def binary(tracer: Tracer, fn, a, b):
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+        if not isinstance(a, TensorVar) and isinstance(a, numbers.Number):
+            fn = _OUT_OF_PLACE.get(fn, fn)
         return tracer.call_graph("call_function", fn, (a, b))
     if fn in _COMPARES and (contains_symbolic(a) or contains_symbolic(b)):
         raise GraphBreak(f"comparing containers that hold tensors ({fn.__name__})")

@@ -89,3 +89,30 @@ def test_hf_generate_matches_eager(name):
     assert torch.equal(got, expected), (got, expected)
     report = compiled.capture_report
     assert report.graphs and not report.fallbacks, report
+
+
+def test_hf_t5_runs_and_matches_eager():
+    # regression (issue 14's crash list): T5 took the program down. Its relative-position
+    # bucketing does ``relative_buckets = 0; relative_buckets += t``, once recorded as a graph
+    # node ``operator.iadd(0, t)`` whose generated code ``0 += t`` is a SyntaxError.
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                                decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(4))
+    dec = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(input_ids=ids, decoder_input_ids=dec).logits
+        got = capture_compile(model)(input_ids=ids, decoder_input_ids=dec).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_inplace_operator_on_a_number_and_a_tensor():
+    def fn(x):
+        n = 0
+        n += x * 2
+        k = 3
+        k *= x
+        return n + k
+    x = torch.randn(4)
+    assert torch.equal(capture_compile(fn)(x), fn(x))

@@ -51,7 +51,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Automatic dynamic sizes in our front end (capture/dynamic.py: sizes that changed become symbols,
 # SymInts as graph nodes, the ShapeEnv's guards, the static retrace, compile(dynamic=...) and
 # mark_dynamic) added ~190: 14231 measured with all of them.
-CORE_LINE_BUDGET = 14_250
+# Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
+# lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
+CORE_LINE_BUDGET = 14_460
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

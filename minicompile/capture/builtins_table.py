@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import collections
 import inspect
+import itertools
 import types
 import operator
 
@@ -18,8 +19,8 @@ from torch import nn
 from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.dynamic import SYM_TYPES, concrete
-from minicompile.capture.variables import (GraphBreak, SymBoundMethod, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, contains_symbolic)
+from minicompile.capture.variables import (NULL, GraphBreak, LazyIter, SymBoundMethod, SymFunction, SymIter,
+                                           TensorMethod, TensorVar, contains_symbolic, unfinished)
 
 BUILTINS: dict = {}
 
@@ -97,15 +98,37 @@ def _range(tracer: Tracer, args, kwargs):
     return range(*args)
 
 
+def _lazy(columns: list, make):
+    """A LazyIter over unfinished generators in ``columns``: each item ``make(values)`` from one
+    ``next`` per column, in order, stopping at the first exhausted one (Python's order, so a
+    generator runs no further than its consumer asks)."""
+    its = [c if isinstance(c, SymIter) else SymIter(c) for c in columns]
+
+    def produce():
+        values = []
+        for it in its:
+            v = it.next()
+            if v is NULL:
+                return NULL
+            values.append(v)
+        return make(values)
+    return LazyIter(produce)
+
+
 @builtin(builtins.enumerate)
 def _enumerate(tracer: Tracer, args, kwargs):
-    items = semantics.iterate(tracer, args[0])
     start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+    if unfinished(args[0]):
+        count = itertools.count(start)
+        return _lazy([args[0]], lambda vs: (next(count), vs[0]))
+    items = semantics.iterate(tracer, args[0])
     return SymIter([(start + i, v) for i, v in enumerate(items)])
 
 
 @builtin(builtins.zip)
 def _zip(tracer: Tracer, args, kwargs):
+    if any(unfinished(a) for a in args) and not kwargs.get("strict"):
+        return _lazy([a if isinstance(a, SymIter) else semantics.iterate(tracer, a) for a in args], tuple)
     if kwargs.get("strict"):
         lists = [semantics.iterate(tracer, a) for a in args]
         if len({len(x) for x in lists}) > 1:
@@ -132,11 +155,12 @@ def _next(tracer: Tracer, args, kwargs):
     it = args[0]
     if not isinstance(it, SymIter):
         raise GraphBreak(f"next() on a {type(it).__name__}")
-    if it.pos >= len(it.items):
+    v = it.next()
+    if v is NULL:
         if len(args) > 1:
             return args[1]
         raise GraphBreak("StopIteration from next()")
-    return it.next()
+    return v
 
 
 @builtin(builtins.list)
@@ -206,6 +230,8 @@ def _type_of(v) -> type:
         return v.cls
     if isinstance(v, SymFunction):
         return type(_type_of)
+    if isinstance(v, LazyIter):
+        return types.GeneratorType
     if isinstance(v, SymIter):
         return type(iter([]))
     if isinstance(v, (SymBoundMethod, TensorMethod)):
@@ -237,7 +263,7 @@ def _getattr(tracer: Tracer, args, kwargs):
         try:
             return semantics.getattr_(tracer, obj, name)
         except GraphBreak as e:
-            if "AttributeError" in e.reason:
+            if "AttributeError" in e.reason and not e.retrace:
                 return args[2]
             raise
     return semantics.getattr_(tracer, obj, name)
@@ -249,7 +275,7 @@ def _hasattr(tracer: Tracer, args, kwargs):
     try:
         semantics.getattr_(tracer, obj, name)
     except GraphBreak as e:
-        if "AttributeError" in e.reason:
+        if "AttributeError" in e.reason and not e.retrace:
             return False
         raise
     return True
@@ -293,10 +319,15 @@ def _sum(tracer: Tracer, args, kwargs):
     return total
 
 
+def _until_null(it: SymIter):
+    while (v := it.next()) is not NULL:
+        yield v
+
+
 def _anyall(fn):
     def handler(tracer: Tracer, args, kwargs):
-        items = semantics.iterate(tracer, args[0])
-        return fn(semantics.truth(tracer, v) for v in items)
+        it = args[0] if isinstance(args[0], SymIter) else SymIter(semantics.iterate(tracer, args[0]))
+        return fn(semantics.truth(tracer, v) for v in _until_null(it))   # stops where Python does
     return handler
 
 
@@ -321,6 +352,9 @@ def _map(tracer: Tracer, args, kwargs):
     """``map``'s results computed now (as generator expressions are): the order of calls is
     the consumer's as long as ``fn`` writes nothing the consumer reads in between."""
     fn, *iterables = args
+    if any(unfinished(a) for a in iterables):
+        return _lazy([a if isinstance(a, SymIter) else semantics.iterate(tracer, a) for a in iterables],
+                     lambda vs: tracer.call(fn, vs, {}))
     columns = [semantics.iterate(tracer, it) for it in iterables]
     return SymIter([tracer.call(fn, list(items), {}) for items in zip(*columns)])
 
@@ -330,6 +364,8 @@ def _filter(tracer: Tracer, args, kwargs):
     fn, iterable = args
     keep = (lambda v: semantics.truth(tracer, v)) if fn is None else (
         lambda v: semantics.truth(tracer, tracer.call(fn, [v], {})))
+    if unfinished(iterable):
+        return LazyIter(lambda: next((v for v in _until_null(iterable) if keep(v)), NULL))
     return SymIter([v for v in semantics.iterate(tracer, iterable) if keep(v)])
 
 

@@ -6,6 +6,7 @@ tables (``builtins_table.BUILTINS``, ``TORCH_SPECIAL``), not in if-chains.
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import math
 import numbers
@@ -18,14 +19,15 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from minicompile.capture.builtins_table import BUILTINS
-from minicompile.capture.frame import Frame, bind_arguments, prescan
-from minicompile.capture.interpreter import run_frame
+from minicompile.capture.frame import Frame, bind_arguments, is_generator, prescan
+from minicompile.capture.interpreter import BROKEN_GENERATORS, generator, run_frame
 from minicompile.capture import objects, semantics
 from minicompile.capture.dynamic import concrete
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (GradModeCtx, GradModeExit, GradModeFunction, GraphBreak, SymBoundMethod,
-                                           SymFunction, TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                           GradModeFunction, GraphBreak, LazyIter, SymBoundMethod, SymFunction,
+                                           TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
 # Classes of these modules are not user classes: calling one is not inlined as a constructor.
@@ -140,6 +142,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
         tracer.set_grad(fn.restore)
         return None
+    if isinstance(fn, GenContextExit):
+        return _contextmanager_exit(fn, args)
     if isinstance(fn, TensorVar):
         raise GraphBreak("calling a tensor")
     if getattr(fn, "capture_cache", None) is not None:  # another compiled function: trace its body
@@ -161,6 +165,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         if inner is None:
             raise GraphBreak(f"call to {describe(fn)} (a function decorated with a torch context manager)")
         return call(tracer, GradModeFunction(*inner), args, kwargs)
+    if getattr(fn, "__code__", None) is _CONTEXTMANAGER_HELPER:
+        return _contextmanager(tracer, fn, args, kwargs)
     if fn is inspect.signature:
         return _signature(args, kwargs)
     if is_torch_callable(fn):
@@ -216,6 +222,29 @@ def _grad_decorated(fn):
     if kind not in (torch.no_grad, torch.enable_grad) or not isinstance(func, types.FunctionType):
         return None
     return func, kind is torch.enable_grad
+
+
+_CONTEXTMANAGER_HELPER = contextlib.contextmanager(lambda: None).__code__
+
+
+def _contextmanager(tracer: Tracer, fn, args, kwargs) -> GenContext:
+    """``cm(...)`` for ``cm`` decorated with ``@contextlib.contextmanager``: the generator of the
+    function it wraps (held in the helper's closure), entered by BEFORE_WITH."""
+    func = dict(zip(fn.__code__.co_freevars, fn.__closure__))["func"].cell_contents
+    gen = call(tracer, func, list(args), kwargs)
+    if not isinstance(gen, LazyIter):
+        raise GraphBreak(f"contextmanager over {describe(func)}, which is not a generator function")
+    gen.managed = True
+    return GenContext(gen)
+
+
+def _contextmanager_exit(fn: GenContextExit, args):
+    """Leaving the with-block normally: the generator runs past its yield and must stop there."""
+    if any(a is not None for a in args):
+        raise GraphBreak("contextmanager __exit__ with an exception")
+    if fn.gen.next() is not NULL:
+        raise GraphBreak("RuntimeError: generator didn't stop (contextmanager)")
+    return False
 
 
 _ENVIRON_READS = ("get", "__getitem__", "__contains__")
@@ -334,7 +363,7 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
         if src is not None:  # defaults are state of the function object: read them as inputs
             defaults = tracer.wrap(defaults, f"{src}.__defaults__") if defaults else defaults
             kwdefaults = tracer.wrap(kwdefaults, f"{src}.__kwdefaults__") if kwdefaults else kwdefaults
-    reason = prescan(code)
+    reason = prescan(code, inlined=True)
     if reason:
         raise GraphBreak(f"{reason} in {name}()")
     try:
@@ -343,6 +372,10 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
         raise GraphBreak(f"TypeError calling {name}(): {e}") from None
     cells = dict(zip(code.co_freevars, closure))
     frame = Frame(tracer, code, globals_, bound, cells, depth)
+    if is_generator(code):
+        if code in BROKEN_GENERATORS:
+            raise GraphBreak(f"generator function {name}() breaks when inlined (it runs in Python)")
+        return generator(frame, cleanup=any(i.opname == "PUSH_EXC_INFO" for i in frame.insts))
     return run_frame(frame)
 
 

@@ -19,7 +19,8 @@ from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import _DELETED, Tracer
 from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
                                            GraphBreak, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
-                                           TensorMethod, TensorVar, contains_symbolic, real_grad_ctx)
+                                           TensorMethod, TensorVar, contains_symbolic, real_grad_ctx,
+                                           unfinished)
 
 
 def _mkcell():
@@ -119,6 +120,8 @@ class Reifier:
             return f"{self.expr(view[0])}.{view[1]}()"
         if type(v) is slice:
             return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
+        if unfinished(v):
+            raise GraphBreak("a generator that is not finished outlives the graph (it exists only in the tracer)")
         if isinstance(v, SymIter):
             items = ", ".join(self.expr(x) for x in v.remaining())
             return self._temp(v, f"_ResumeIter([{items}])")

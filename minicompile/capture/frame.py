@@ -38,7 +38,6 @@ _UNMODELED = {
     "DELETE_DEREF": "del of a closure variable",
     "GET_AWAITABLE": "await",
     "BEFORE_ASYNC_WITH": "async with",
-    "SEND": "generator send/await",
 }
 # Only reached while an exception propagates, which traced code never does (a Python error
 # while tracing is a graph break, and a break inside a try block is not split: see
@@ -97,11 +96,12 @@ def _is_grad_mode_with(insts: list, i: int) -> bool:
 
 def _scan(code: types.CodeType, insts: list) -> str | None:
     # A generator expression is run to completion when called (see ``is_genexpr``).
-    genexpr = is_genexpr(code)
-    if code.co_flags & _GENERATOR_FLAGS and not genexpr:
-        return "generator or coroutine function"
+    # A plain generator function is run lazily by a traced caller (``interpreter.generator``).
+    generator = code.co_flags & _GENERATOR_FLAGS == inspect.CO_GENERATOR
+    if code.co_flags & _GENERATOR_FLAGS and not generator:
+        return "coroutine or async generator function"
     for i, inst in enumerate(insts):
-        if genexpr and inst.opname in ("RETURN_GENERATOR", "YIELD_VALUE"):
+        if generator and inst.opname in ("RETURN_GENERATOR", "YIELD_VALUE"):
             continue
         if inst.opname == "PUSH_EXC_INFO" and insts[i + 1].opname == "WITH_EXCEPT_START":
             continue  # a with-block's cleanup; BEFORE_WITH decides if the block is modeled
@@ -118,8 +118,15 @@ def is_genexpr(code: types.CodeType) -> bool:
     return code.co_name == "<genexpr>" and bool(code.co_flags & inspect.CO_GENERATOR)
 
 
-def prescan(code: types.CodeType) -> str | None:
-    """None when the tracer can interpret ``code``, else the reason it cannot."""
+def is_generator(code: types.CodeType) -> bool:
+    return bool(code.co_flags & inspect.CO_GENERATOR) and not is_genexpr(code)
+
+
+def prescan(code: types.CodeType, inlined: bool = False) -> str | None:
+    """None when the tracer can interpret ``code``, else the reason it cannot. A generator
+    function is traced only where a traced caller consumes it."""
+    if not inlined and is_generator(code):
+        return "generator function (traced only when a traced caller consumes it)"
     return code_info(code).unsupported
 
 
@@ -147,6 +154,7 @@ class Frame:
         self.returned = False
         self.return_value = None
         self.yields: list | None = [] if is_genexpr(code) else None
+        self.suspended: bool | None = None   # False/True in a generator function's frame
 
     def where(self) -> str:
         offset = self.current.offset if self.current is not None else 0
@@ -223,4 +231,4 @@ def arg_names(code: types.CodeType) -> tuple:
     return code.co_varnames[:n]
 
 
-__all__ = ["Frame", "code_info", "prescan", "bind_arguments", "arg_names", "PY311", "PY312"]
+__all__ = ["Frame", "code_info", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312"]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import inspect
 import types
+import weakref
 
 from minicompile.capture import semantics
 from minicompile.capture.frame import PY311, Frame
 from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GraphBreak, SymBoundMethod,
-                                           SymCell, SymFunction, SymIter)
+from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                           GraphBreak, LazyIter,
+                                           SymBoundMethod, SymCell, SymFunction, SymIter)
 
 MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
 
@@ -266,6 +268,14 @@ def _raise(frame, inst):
 def _before_with(frame, inst):
     ctx = frame.stack[-1]
     tracer = frame.tracer
+    if isinstance(ctx, GenContext):   # @contextlib.contextmanager: run up to its yield
+        value = ctx.gen.next()
+        if value is NULL:
+            raise GraphBreak("RuntimeError: generator didn't yield (contextmanager)")
+        frame.pop()
+        frame.push(GenContextExit(ctx.gen))
+        frame.push(value)
+        return
     if not isinstance(ctx, GradModeCtx):
         # A context manager written in Python: __enter__ inlined now, __exit__ when the
         # block is left normally (exception paths are not traced).
@@ -285,17 +295,80 @@ def _before_with(frame, inst):
 
 @op("RETURN_GENERATOR")
 def _return_generator(frame, inst):
-    if frame.yields is None:
+    if frame.yields is None and frame.suspended is None:
         raise GraphBreak("generator")
     frame.push(None)  # what the POP_TOP after it discards when the generator starts
 
 
 @op("YIELD_VALUE")
 def _yield_value(frame, inst):
-    if frame.yields is None:
+    """A generator expression collects its items; a generator function's frame suspends (its
+    ip and stack stay in the Frame) and ``run_frame`` returns the item. 3.11 and 3.12 both
+    follow it with RESUME, POP_TOP (which drops the sent value, None for next())."""
+    if frame.yields is not None:
+        frame.yields.append(frame.pop())
+    elif frame.suspended is False:
+        frame.return_value = frame.pop()
+        frame.returned = frame.suspended = True
+    else:
         raise GraphBreak("generator")
-    frame.yields.append(frame.pop())
     frame.push(None)  # the value sent back in
+
+
+@op("GET_YIELD_FROM_ITER")
+def _get_yield_from_iter(frame, inst):
+    _get_iter(frame, inst)
+
+
+@op("SEND")
+def _send(frame, inst):
+    """``yield from``: the next item of the sub-iterator (stack: receiver, sent value) replaces
+    the sent value; once it is exhausted, its return value does and the loop is left. 3.11 also
+    drops the receiver there; 3.12 leaves it to END_SEND (untested on 3.12)."""
+    receiver, sent = frame.stack[-2], frame.stack[-1]
+    if not isinstance(receiver, SymIter) or sent is not None:
+        raise GraphBreak("yield from over a non-iterator, or send() of a value")
+    value = receiver.next()
+    if value is not NULL:
+        frame.stack[-1] = value
+        return
+    frame.stack[-1] = receiver.result if isinstance(receiver, LazyIter) else None
+    if PY311:
+        del frame.stack[-2]
+    frame.jump(inst.argval)
+
+
+HANDLERS["END_SEND"] = lambda frame, inst: frame.stack.__delitem__(-2)
+
+
+BROKEN_GENERATORS: weakref.WeakSet = weakref.WeakSet()   # generator code that broke when inlined
+
+
+def generator(frame: Frame, cleanup: bool) -> LazyIter:
+    """A called generator function: nothing runs until the first ``next``. With ``cleanup``
+    (try/with blocks in its body) it may only run under a contextmanager, which always runs it
+    to the end: a generator left suspended would run its ``finally`` when closed."""
+    frame.suspended = False
+    gen = None
+
+    def produce():
+        if cleanup and not gen.managed:
+            raise GraphBreak("a generator with try/with blocks (its cleanup at close is not modeled)")
+        frame.returned = False
+        try:
+            value = run_frame(frame)
+        except GraphBreak as e:   # its frame cannot go on in Python: from now on the call
+            BROKEN_GENERATORS.add(frame.code)   # itself breaks (the generator runs natively)
+            e.retrace = True
+            raise
+        if frame.suspended:
+            frame.suspended = False
+            return value
+        gen.result = value   # StopIteration.value, what `yield from` evaluates to
+        return NULL
+
+    gen = LazyIter(produce)
+    return gen
 
 
 @op("IMPORT_NAME")

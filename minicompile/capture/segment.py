@@ -23,7 +23,7 @@ from minicompile.capture.interpreter import StopAtBreak, run_frame
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (NULL, GradModeFunction, GraphBreak, SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar)
+                                           SymFunction, SymIter, TensorMethod, TensorVar, unfinished)
 
 MAX_RESTARTS = 64
 
@@ -91,6 +91,8 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
                                     f"({forced[stop.offset][0]}) cannot be split: {e.reason}",
                                     e.where or forced[stop.offset][1]) from None
         except GraphBreak as e:
+            if e.retrace:
+                continue
             top = tracer.top_offset
             if frame is not None and top is not None and top not in forced:
                 inst = frame.insts[frame.info.index_of[top]]
@@ -151,6 +153,8 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
             todo.extend(v.values())
         elif isinstance(v, slice):
             todo.extend((v.start, v.stop, v.step))
+        elif unfinished(v):
+            raise GraphBreak("a generator that is not finished outlives the graph (it exists only in the tracer)")
         elif isinstance(v, SymIter):
             todo.extend(v.remaining())
         elif isinstance(v, SymCell):

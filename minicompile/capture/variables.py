@@ -25,6 +25,7 @@ class GraphBreak(Exception):
         super().__init__(reason)
         self.reason = reason
         self.where = where
+        self.retrace = False   # set when tracing again avoids it (a generator now called natively)
 
 
 class _Null:
@@ -84,6 +85,57 @@ class SymIter:
 
     def remaining(self) -> list:
         return self.items[self.pos:]
+
+
+class LazyIter(SymIter):
+    """An iterator whose items are made when asked for: ``produce()`` gives the next one or
+    NULL. A generator function's frame runs to its next ``yield`` per item (so its side effects
+    interleave with the consumer's as in Python, and a loop left early leaves it suspended);
+    ``zip``/``enumerate``/``map``/``filter`` over one stay lazy the same way."""
+
+    def __init__(self, produce):
+        super().__init__([])
+        self.produce, self.finished = produce, False
+        self.managed = False   # a contextmanager's generator: always run to its end
+        self.result = None     # a finished generator's return value
+
+    def _step(self) -> bool:
+        if not self.finished:
+            v = self.produce()
+            if v is not NULL:
+                self.items.append(v)
+                return True
+            self.finished = True
+        return False
+
+    def next(self):
+        if self.pos == len(self.items) and not self._step():
+            return NULL
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def remaining(self) -> list:
+        while self._step():
+            pass
+        return self.items[self.pos:]
+
+
+def unfinished(v) -> bool:
+    """A lazy iterator that may still run code: it cannot be handed to Python at a graph
+    break (its frame exists only in the tracer) nor drained there (side effects)."""
+    return isinstance(v, LazyIter) and not v.finished
+
+
+@dataclass(eq=False)
+class GenContext:
+    """``cm(...)`` for a ``@contextlib.contextmanager`` function: its generator, not yet entered."""
+    gen: LazyIter
+
+
+@dataclass(eq=False)
+class GenContextExit:
+    """The ``__exit__`` of an entered GenContext: resumes the generator after its ``yield``."""
+    gen: LazyIter
 
 
 class _EmptyCell:
@@ -178,7 +230,7 @@ class GradRestore:
 def contains_symbolic(value, _depth: int = 0) -> bool:
     """True when a value is, or holds, something only the tracer understands."""
     if isinstance(value, (TensorVar, TensorMethod, SymIter, SymCell, SymFunction,
-                          SymBoundMethod, GradModeExit, GradModeCtx)):
+                          SymBoundMethod, GradModeExit, GradModeCtx, GenContext, GenContextExit)):
         return True
     if _depth > 8:
         return False

@@ -279,6 +279,40 @@ def contextmanager_generator(x):
     with _scaled(2) as k:
         return x * k
 
+@contextlib.contextmanager
+def _tracked(log, x):
+    log.append("enter")
+    try:
+        yield x * 2
+    finally:
+        log.append("exit")
+
+@case(X, [])
+def contextmanager_try_finally(x, log):
+    with _tracked(log, x) as y:
+        log.append("body")
+        z = y + 1
+    return z, log
+
+@case(X, [])
+def contextmanager_nested(x, log):
+    with _tracked(log, x) as a, _scaled(3) as k:
+        with _tracked(log, a) as b:
+            out = b * k
+    return out, log
+
+@contextlib.contextmanager
+def _frozen():
+    with torch.no_grad():
+        yield
+
+@case(X)
+def contextmanager_around_no_grad(x):
+    with _frozen():
+        y = x * 2
+        inside = torch.is_grad_enabled()
+    return y, inside, torch.is_grad_enabled()
+
 @case(X)
 def try_except_no_raise(x):
     try:
@@ -368,6 +402,72 @@ def _gen(x):
 
 @case(X)
 def generator_function(x): return sum(_gen(x))
+
+def _logging_gen(x, log):
+    for i in range(3):
+        log.append(("gen", i))
+        yield x * i
+    log.append("gen done")
+
+@case(X, [])
+def generator_interleaved_state(x, log):
+    total = x
+    for v in _logging_gen(x, log):
+        log.append("body")
+        total = total + v
+    return total, log
+
+def _counting(x, log):
+    i = 0
+    while True:
+        log.append(i)
+        yield x + i
+        i += 1
+
+@case(X, [])
+def generator_early_break(x, log):
+    out = []
+    for v in _counting(x, log):
+        if len(out) == 2:
+            break
+        out.append(v)
+    return out, log
+
+@case(X, [])
+def generator_next_and_zip(x, log):
+    g = _counting(x, log)
+    first = next(g)
+    pairs = list(zip(_gen(x), g))   # zip stops at _gen's end: g is advanced three times, not four
+    return first, pairs, log
+
+def _running(rows):
+    acc = torch.zeros_like(rows[0])
+    for r in rows:
+        acc = acc + r
+        yield acc
+
+@case(X)
+def generator_running_tensor(x): return torch.stack(list(_running(x.unbind(0))))
+
+def _chained(x):
+    total = yield from _gen(x)
+    yield x - 1
+    return total
+
+@case(X)
+def generator_yield_from_nested(x):
+    def outer(y):
+        yield from _chained(y)
+        yield from (y * k for k in (5, 6))
+    return [v + 1 for v in outer(x)]
+
+@case(X)
+def generator_closure_enumerate(x):
+    scale = 3
+    def g(n):
+        for i in range(n):
+            yield x * scale + i
+    return [i * v for i, v in enumerate(g(3), start=1)], any(v.shape[0] == 4 for v in g(2))
 
 @case(X)
 def enumerate_start(x): return [x * i for i, _ in enumerate("ab", start=1)]

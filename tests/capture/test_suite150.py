@@ -13,11 +13,7 @@ from tests.helpers import same
 
 # Constructs we do not model yet, each with the reason; the test checks that they still give
 # eager's result (as breaks or fallbacks) and fails loudly once they capture like Dynamo.
-NOT_YET: dict = {
-    "generator_function": "generator functions other than generator expressions are not modeled "
-                          "(the function runs eagerly; its caller breaks at the call)",
-    "contextmanager_generator": "@contextlib.contextmanager needs generator functions (see above)",
-}
+NOT_YET: dict = {}
 
 
 def _dynamo_graphs(fn, args):

@@ -57,6 +57,28 @@ def test_compiling_from_several_threads(tmp_path):
     assert expected is not None
 
 
+def _build_sources(cache_dir: str, count: int) -> None:
+    with config_patch(cache_dir=cache_dir):
+        for k in range(count):
+            cpp_build.build(f'extern "C" void kernel0(float* out) {{ out[0] = {k}.0f; }}\n')
+
+
+def test_processes_building_the_same_entries_at_once(tmp_path):
+    # DDP ranks share one cache: each process writes its own temporary source and library and
+    # renames them into place. A temporary name shared by all processes once made one rank's
+    # rename fail (FileNotFoundError in the DDP test); the window is microseconds, so this
+    # checks the multi-process path ends whole and tidy rather than reproducing that race.
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_build_sources, args=(str(tmp_path), 6)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert not glob.glob(str(tmp_path / "**" / "*.tmp"), recursive=True)
+
+
 SOURCE = 'extern "C" void kernel0(float* out) { out[0] = 42.0f; }\n'
 
 

@@ -94,10 +94,12 @@ def build(source: str) -> str:
         src_path, lib_path = os.path.join(d, "kernels.cpp"), os.path.join(d, "kernels.so")
         if cache.is_valid(lib_path):
             return lib_path
-        with open(src_path + ".tmp", "w") as f:
+        # temporary names of this process and thread: other processes (DDP ranks sharing the
+        # cache) may build the same entry at the same time; the rename makes either copy whole
+        tmp_src, tmp_lib = (f"{p}.{os.getpid()}.{threading.get_ident()}.tmp" for p in (src_path, lib_path))
+        with open(tmp_src, "w") as f:
             f.write(source)
-        os.replace(src_path + ".tmp", src_path)
-        tmp_lib = f"{lib_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        os.replace(tmp_src, src_path)
         cmd = [cxx, *CXXFLAGS, "-I", INCLUDE_DIR, src_path, "-o", tmp_lib]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -13,6 +13,7 @@ import os
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import minicompile_backend
 from minicompile.capture import compile as capture_compile
 from minicompile.capture import explain as capture_explain
@@ -54,18 +55,29 @@ def check(fn, *inputs, atol: float = 1e-5, rtol: float = 1e-5, tolerances: dict 
     return compiled
 
 
+class Recorder:
+    """A backend that keeps what minicompile_backend returned for each graph."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(minicompile_backend(gm, example_inputs))
+        return self.graphs[-1]
+
+    @property
+    def training(self) -> list:
+        return [g for g in self.graphs if isinstance(g, TrainingGraph)]
+
+
 def compile_with_dynamo(fn, *inputs):
     """Run ``fn`` through torch.compile(backend="minicompile"); return its output and the graphs
     the backend made (CompiledGraphs, or what runs instead)."""
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
+    record = Recorder()
     torch._dynamo.reset()
     with torch.no_grad():
         out = torch.compile(fn, backend=record)(*inputs)
-    return out, graphs
+    return out, record.graphs
 
 
 def run_sample(sample, backend: str | None = None, device: str = "cpu") -> list:
@@ -99,11 +111,7 @@ def run_sample_dynamic(sample, device: str = "cpu") -> list:
     (one entry per Dynamo compile: a size 1 makes Dynamo recompile, as do guards on values)."""
     from tests.op_table import resized
     fn = functools.partial(sample.fn, **sample.kwargs) if sample.kwargs else sample.fn
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
+    record = Recorder()
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=record, dynamic=True)
     with torch.no_grad():
@@ -114,7 +122,7 @@ def run_sample_dynamic(sample, device: str = "cpu") -> list:
             diff = mismatch(ref, out, tolerances=same_tolerance(sample.rtol, sample.atol))
             assert diff is None, f"at sizes {size_map or 'as written'}: {diff}"
     torch._dynamo.reset()
-    return graphs
+    return record.graphs
 
 
 def subprocess_env(**overrides) -> dict:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from minicompile.config import patch
 from minicompile.ir.nodes import Layout, memory_order
 from minicompile.tools.models import MODELS
-from tests.helpers import assert_matches_eager, compile_with_dynamo
+from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 
 def _clones_to_channels_last(graph) -> int:
@@ -121,7 +121,6 @@ def test_transposed_output_is_written_in_memory_order():
 def test_training_halves_keep_eager_layout(fresh_dynamo):
     # channels-last is an inference layout here: in a training forward it converted every call
     # and left the backward's convolutions on mixed layouts (slower than Inductor's step)
-    from tests.test_training import Recorder
     torch.manual_seed(0)
     model, x = ConvChain(), torch.randn(2, 3, 12, 10)
     rec = Recorder()

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minicompile.backend import PerShapeGraph, minicompile_backend
+from minicompile.backend import PerShapeGraph
 from minicompile.testing import fuzz, fuzz_dynamic
-from tests.helpers import assert_matches_eager, compile_with_dynamo, run_sample_dynamic
+from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo, run_sample_dynamic
 from tests.op_table import SAMPLES
 from tests.test_pipeline import block_inputs, transformer_block
 
@@ -71,11 +71,8 @@ KERNEL_COUNTS = {  # name -> (function, input of size n, kernels)
 @pytest.mark.parametrize("name", KERNEL_COUNTS)
 def test_kernel_counts_with_symbolic_sizes(name, backend):
     fn, make, kernels = KERNEL_COUNTS[name]
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
+    record = Recorder()
+    graphs = record.graphs
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=record, dynamic=True)
     for n in (8, 5, 1):
@@ -91,11 +88,8 @@ def test_kernel_counts_with_symbolic_sizes(name, backend):
 def test_transformer_block_kernel_count_with_symbolic_sizes(backend):
     small = {} if backend == "cpp" else dict(B=1, C=16)
     _, static = compile_with_dynamo(transformer_block, *block_inputs(T=8, **small))
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
+    record = Recorder()
+    graphs = record.graphs
     torch._dynamo.reset()
     compiled = torch.compile(transformer_block, backend=record)
     for t in (8, 5, 11, 1):  # the sequence length symbolic; 1 recompiles

@@ -18,11 +18,10 @@ import torch.nn.functional as F
 from minicompile.aot.joint import trace_joint
 from minicompile.aot.partition import MAX_RECOMPUTE_DEPTH, partition
 from minicompile.aot.runtime import TrainingGraph
-from minicompile.backend import minicompile_backend
 from minicompile.config import patch
 from minicompile.decomp import CORE_OPS, EXTERN_COMPUTE_OPS
 from minicompile.tools.workloads import Block
-from tests.helpers import assert_matches_eager
+from tests.helpers import Recorder, assert_matches_eager
 
 TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
 
@@ -51,20 +50,6 @@ MODELS = {
     "gpt2_block": (lambda: Block(16, heads=2, seq=6), lambda: (torch.randn(2, 6, 16), torch.randn(2, 6, 16))),
 }
 
-
-class Recorder:
-    """A backend that keeps what minicompile_backend returned for each graph."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(minicompile_backend(gm, example_inputs))
-        return self.graphs[-1]
-
-    @property
-    def training(self) -> list:
-        return [g for g in self.graphs if isinstance(g, TrainingGraph)]
 
 
 def train(model, forward, x, y, steps=3):

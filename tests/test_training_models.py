@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import minicompile_backend
 from minicompile.decomp import DECOMPOSITIONS
-from tests.helpers import assert_matches_eager
+from tests.helpers import Recorder, assert_matches_eager
 
 aten = torch.ops.aten
 TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
@@ -86,16 +86,6 @@ MODELS = {
     "hf_llama": (lambda: _hf("llama"), lambda: (torch.randint(0, 100, (2, 16)),) * 2),
 }
 
-
-class Recorder:
-    """A backend that keeps what minicompile_backend returned for each graph."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(minicompile_backend(gm, example_inputs))
-        return self.graphs[-1]
 
 
 def _step(model, loss_fn, opt, inputs, seed):

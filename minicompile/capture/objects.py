@@ -104,8 +104,13 @@ def new_attr(tracer, obj, name: str):
     return bind_class_attr(tracer, obj, static, name)
 
 
-def bind_class_attr(tracer, obj, attr, name: str):
-    """What reading class attribute ``attr`` through ``obj`` (a new object) gives."""
+UNBOUND = object()
+
+
+def bind_python_attr(tracer, obj, attr, name: str):
+    """A class attribute written in Python (function, staticmethod, classmethod, property) read
+    through ``obj``, bound as Python binds it (a property's getter inlined); ``UNBOUND`` for
+    any other attribute."""
     if isinstance(attr, types.FunctionType):
         return SymBoundMethod(attr, obj)
     if isinstance(attr, staticmethod):
@@ -116,6 +121,13 @@ def bind_class_attr(tracer, obj, attr, name: str):
         if attr.fget is None:
             raise GraphBreak(f"AttributeError: property {name!r} has no getter")
         return tracer.call(attr.fget, [obj], {})
+    return UNBOUND
+
+
+def bind_class_attr(tracer, obj, attr, name: str):
+    """What reading class attribute ``attr`` through ``obj`` (a new object) gives."""
+    if (bound := bind_python_attr(tracer, obj, attr, name)) is not UNBOUND:
+        return bound
     if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType,
                          types.BuiltinMethodType, types.ClassMethodDescriptorType)):
         return attr.__get__(obj, type(obj))

@@ -298,14 +298,8 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
         if hook is not None and not isinstance(obj, nn.Module):
             raise GraphBreak(f"{type(obj).__name__}.__getattr__ runs user code") from None
         raise GraphBreak(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
-    if isinstance(attr, types.FunctionType):
-        return SymBoundMethod(attr, obj)
-    if isinstance(attr, staticmethod):
-        return attr.__func__
-    if isinstance(attr, classmethod):
-        return SymBoundMethod(attr.__func__, type(obj))
-    if isinstance(attr, property):
-        return tracer.call(attr.fget, [obj], {})  # a property getter runs user code: inline it
+    if (bound := objects.bind_python_attr(tracer, obj, attr, name)) is not objects.UNBOUND:
+        return bound
     if hasattr(type(attr), "__get__") and not isinstance(attr, (int, float, str, bool, tuple)):
         value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
         return tracer.wrap(value, f"{src}.{name}")

@@ -62,10 +62,9 @@ class Config:
     # CPU attention with at least this many scores (batch x heads x queries x keys) keeps
     # eager's fused flash kernel as an extern call; smaller ones use the math form. 0: always math.
     fused_attention_min_scores: int = _env("MINICOMPILE_FUSED_ATTENTION_MIN_SCORES", 1 << 18, int)
-    # CPU float32 products x @ W.t() (+ bias) with at most this many rows and a weight of at least
-    # onednn_linear_min_weight elements run as oneDNN's linear (aot/cpu_policy.py); 0: always MKL's mm.
-    onednn_linear_max_rows: int = _env("MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS", 256, int)
-    onednn_linear_min_weight: int = _env("MINICOMPILE_ONEDNN_LINEAR_MIN_WEIGHT", 1 << 22, int)
+    # CPU float32 matrix products: "auto" runs each shape with MKL's sgemm (aten.mm) or oneDNN's
+    # matmul, whichever measured faster on this machine (aot/cpu_policy.py); "mkl" or "onednn" pins it.
+    cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")
     # Inference on CPU: NCHW float32 convolutions get channels-last inputs (aot/conv_layout.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, Var, symbols_of
 from minicompile.tools.workloads import Block
 
+from minicompile.config import patch
 from tests.helpers import assert_matches_eager
 
 BATCHES = range(2, 65)
@@ -210,3 +211,18 @@ def test_division_by_a_symbol_that_is_no_monomial_or_of_a_negative_value_raises_
         (Expr.of(i) - j) // s1
     assert str((Expr.of(i) + j) // s1) == "((i + j) // (s1))"  # exact where unprovable: an atom
     assert symbols_of(Expr.of(i) * s1) == {Sym("s1"), Sym("s0")}
+
+
+@pytest.mark.parametrize("gemm", ["onednn", "auto"])
+def test_linear_layers_with_a_symbolic_batch_run_as_the_chosen_library(gemm, compiles, fresh_dynamo):
+    # aot/cpu_policy.py: the product's library is chosen at the size hint and serves every size
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).eval()
+    f = torch.compile(mlp, backend="minicompile", dynamic=True)
+    with patch(cpu_gemm=gemm), torch.no_grad():
+        for batch in (5, 1, 8, 33):
+            x = torch.randn(batch, 32)
+            assert_matches_eager(f(x), mlp(x), atol=1e-5, rtol=1e-4)
+    assert len(compiles) <= 2    # size 1 is specialised
+    if gemm == "onednn":
+        assert all("mkldnn._linear_pointwise" in c.wrapper_source for c in compiles)

@@ -149,11 +149,11 @@ def test_inspect_shows_the_loop_ir(tmp_path):
 def test_cpu_policy_claims_onednn_linear_and_the_ir_says_why():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32).eval()
-    with patch(onednn_linear_min_weight=1):
+    with patch(cpu_gemm="onednn"):
         compiled = _compile(lambda x: F.gelu(layer(x)) * 2, torch.randn(8, 64))
     text = str(compiled.loop_graph)
     assert "extern mkldnn._linear_pointwise.default(" in text and "'gelu', [], 'none')" in text
-    assert "# runs eagerly: oneDNN's linear with GELU folded in beats MKL's mm" in text
-    with patch(onednn_linear_max_rows=0):   # the claim declines: the neutral decomposition runs
+    assert "# runs eagerly: oneDNN's linear with GELU folded in: faster than MKL's mm" in text
+    with patch(cpu_gemm="mkl"):   # the claim declines: the neutral decomposition runs
         compiled = _compile(lambda x: layer(x) * 2, torch.randn(8, 64))
     assert "mkldnn" not in str(compiled.loop_graph) and "extern aten.mm.default(" in str(compiled.loop_graph)

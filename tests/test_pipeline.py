@@ -82,7 +82,7 @@ def test_transformer_block_kernels(backend):
     assert len(graphs) == 1 and graphs[0].backend == backend
     c = graphs[0]
     eager_ops = len([n for n in c.aten_graph.graph.nodes if n.op == "call_function"])
-    compute_ops = [e for e in c.externs if "mm" not in e.op and "bmm" not in e.op]
+    compute_ops = [e for e in c.externs if "mm" not in e.op and "_linear_pointwise" not in e.op]
     # eager launches one ATen op per node; the pointwise and reduction work here is a handful of kernels
     assert c.num_kernels <= 10, str(c.schedule)
     assert c.num_kernels * 3 < eager_ops, (c.num_kernels, eager_ops)
@@ -197,21 +197,40 @@ def test_op_returning_nothing_is_kept_as_extern():
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
-def test_products_with_a_large_weight_run_as_onednn_linear_and_match_eager():
-    # decomp/linalg.py use_onednn_linear: thresholds lowered so small layers take the path
+def test_products_pinned_to_onednn_run_as_its_linear_and_match_eager():
+    # aot/cpu_policy.py use_onednn_linear, with config.cpu_gemm pinning the library
     torch.manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64, bias=False)).eval()
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)).eval()
     x, y = torch.randn(8, 64), torch.randn(64, 32)
-    with patch(onednn_linear_min_weight=1), torch.no_grad():
+    with patch(cpu_gemm="onednn"), torch.no_grad():
         c = check(mlp, x, atol=1e-5, rtol=1e-4)
         assert plain_call(c).count("# mkldnn._linear_pointwise.default:") == 2  # with and without bias
         c = check(mlp, x.view(2, 4, 64), atol=1e-5, rtol=1e-4)                   # batch dims folded into rows
         assert plain_call(c).count("# mkldnn._linear_pointwise.default:") == 2
-        c = check(lambda a, b: a @ b, x, y)                                     # not a transposed weight
+        for a, b in ((x, y), (x.t().contiguous().t(), y.t().contiguous().t()), (x[:, ::2], y[::2])):
+            c = check(lambda a, b: a @ b, a, b, atol=1e-5, rtol=1e-4)           # any layout of either operand
+            assert plain_call(c).count("# mkldnn._linear_pointwise.default:") == 1
+        c = check(lambda a, b: a @ b.expand(64, 32), x, y[:1])                  # a broadcast operand: MKL
         assert "mkldnn" not in c.wrapper_source
-    with patch(onednn_linear_min_weight=1, onednn_linear_max_rows=0), torch.no_grad():
+    with patch(cpu_gemm="mkl"), torch.no_grad():
         c = check(mlp, x)
         assert "mkldnn" not in c.wrapper_source
+    with patch(cpu_gemm="fastest"), pytest.raises(ValueError, match="use 'auto', 'mkl' or 'onednn'"):
+        compile_fn(mlp, x)
+
+
+def test_auto_gemm_choice_is_measured_once_and_remembered(monkeypatch):
+    # runtime/autotune.library_choice: the faster candidate wins; the choice is kept on disk
+    import time
+    from minicompile.runtime import autotune
+    key = f"test-choice-{time.time_ns()}"
+    assert autotune.library_choice(key, {"slow": lambda: time.sleep(0.002), "fast": lambda: None}) == "fast"
+    monkeypatch.setattr(autotune, "_library_choices", {})            # a new process: read from disk
+    def never():
+        raise AssertionError("a remembered choice is not measured again")
+    assert autotune.library_choice(key, {"slow": never, "fast": never}) == "fast"
+    failing = {"raises": lambda: 1 / 0, "runs": lambda: time.sleep(0.001)}
+    assert autotune.library_choice(key + "-2", failing) == "runs"   # a candidate that raises is never chosen
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
@@ -233,7 +252,7 @@ def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
     torch.manual_seed(0)
     x = torch.randn(8, 64)
     post_op = "'gelu', [], 'none')"
-    with patch(onednn_linear_min_weight=1), torch.no_grad():
+    with patch(cpu_gemm="onednn"), torch.no_grad():
         c = check(Layer("exact"), x, atol=1e-5, rtol=1e-4)
         assert post_op in c.wrapper_source and "with GELU folded in" in c.wrapper_source
         c = check(Layer("reused"), x, atol=1e-5, rtol=1e-4)

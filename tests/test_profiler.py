@@ -10,6 +10,14 @@ from minicompile.pipeline import compile_graph
 from tests.helpers import assert_matches_eager
 
 
+@pytest.fixture(autouse=True)
+def mkl_products():
+    """The events below name the product aten.mm: MKL's, not the oneDNN linear that
+    aot/cpu_policy.py may measure as faster on this machine."""
+    with patch(cpu_gemm="mkl"):
+        yield
+
+
 def mlp_step(x, w):
     h = torch.mm(x, w)                     # an extern call (aten.mm)
     return (h.relu() * 2).sum(-1), h.exp()  # kernels

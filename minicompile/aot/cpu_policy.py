@@ -6,6 +6,7 @@ on knobs, and each keeps an op whole that lowering then runs as an extern call.
 
     CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
                         the device-neutral decomposition (thunder's executors claim ops the same way)
+    use_onednn_linear   a float32 product as oneDNN's matmul or MKL's sgemm, the faster here
     claim_convolution   NHWC input for oneDNN, inside inference traces only (aot/conv_layout.py)
     fold_gelu_into_onednn_linear   an ATen pass (aot/passes.py): GELU as oneDNN's post-op
     EXTERN_ON_PURPOSE   op -> reason(args): why lowering leaves it to the vendor library
@@ -14,6 +15,7 @@ A claim checks the device of its tensors, so tracing a CUDA graph is untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -21,30 +23,79 @@ import torch
 
 from minicompile.aot.conv_layout import claim_convolution
 from minicompile.config import config
+from minicompile.runtime import cache
+from minicompile.runtime.autotune import cpu_name, library_choice
 
 aten = torch.ops.aten
 
 
-# -- oneDNN linear ---------------------------------------------------------------------------
+# -- matrix products: MKL's sgemm or oneDNN's matmul ---------------------------------------------
 
 def use_onednn_linear(mat1, mat2) -> bool:
-    """Run ``mat1 @ mat2`` as oneDNN's linear: CPU float32, few rows, a large transposed weight.
+    """Run the float32 CPU product ``mat1 @ mat2`` as oneDNN's linear rather than ``aten.mm``.
 
-    With a weight much larger than the activations (an MLP layer at small batch), oneDNN's
-    matmul beat MKL's sgemm behind ``aten.mm`` on the 2-core AVX-512 machine by 5-19%
-    (256x1024 @ 1024x4096: 6.7 vs 7.3 ms; 256x4096 @ 4096x1024: 6.2 vs 6.6 ms; 32x4096 @
-    4096x4096: 5.1 vs 6.1 ms), and lost by 6-14% from 512 rows up (the transformer block's
-    products). The bias is added inside the product, which also saves a kernel pass.
-    ``config.onednn_linear_max_rows`` / ``onednn_linear_min_weight`` set the bounds.
+    ``aten.mm`` (and eager's ``nn.Linear``) calls MKL's sgemm. Which library is faster depends
+    on the machine: on the 2-core AMD EPYC here oneDNN's matmul took 0.46-0.54x MKL's time on
+    every shape measured, 128x192x576 to 2048x1024x4096, row- or column-major operands, one or
+    two threads (MKL takes a generic code path on non-Intel CPUs). On other machines MKL can
+    win (an earlier Intel one: by 6-14% from 512 rows up). So ``config.cpu_gemm`` "auto"
+    measures both at the product's shape (its size hints, for a symbolic size) once per
+    machine, thread count and shape (runtime/autotune.library_choice); "mkl" and "onednn" pin
+    the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
+    becomes its post-op (``fold_gelu_into_onednn_linear``).
     """
-    max_rows, min_weight = config.onednn_linear_max_rows, config.onednn_linear_min_weight
-    if max_rows <= 0 or mat1.device.type != "cpu" or mat1.dtype != torch.float32 or mat2.dtype != torch.float32:
+    if config.cpu_gemm not in ("auto", "mkl", "onednn"):
+        raise ValueError(f"minicompile: cpu_gemm (MINICOMPILE_CPU_GEMM) is {config.cpu_gemm!r}; "
+                         "use 'auto', 'mkl' or 'onednn'")
+    if config.cpu_gemm == "mkl" or not _onednn_can_run(mat1, mat2):
         return False
-    m, k, n = mat1.shape[0], mat1.shape[1], mat2.shape[1]
-    if not all(isinstance(v, int) for v in (m, k, n)) or m > max_rows or k * n < min_weight:
+    if config.cpu_gemm == "onednn":
+        return True
+    return _measured_gemm(*(_hint(s) for s in (*mat1.shape, mat2.shape[1])),
+                          _layout(mat1), _layout(mat2)) == "onednn"
+
+
+def _onednn_can_run(mat1, mat2) -> bool:
+    """CPU float32 matrices of known strides, none of them broadcast (a zero stride)."""
+    if not (mat1.device.type == "cpu" and mat1.dtype == mat2.dtype == torch.float32
+            and mat1.dim() == mat2.dim() == 2 and _onednn_available()):
         return False
-    # mat2 must be a weight seen through .t(): (k, n) with strides (1, k)
-    return tuple(mat2.stride()) == (1, k) and _onednn_available()
+    for t in (mat1, mat2):
+        strides = t.stride()
+        if not all(isinstance(s, int) for s in strides):
+            return False
+        if any(s == 0 and _hint(n) > 1 for s, n in zip(strides, t.shape)) or any(_hint(n) == 0 for n in t.shape):
+            return False
+    return True
+
+
+def _hint(size) -> int:
+    """A size's value in the example the graph was traced with (a symbol's hint), guard-free."""
+    return size if isinstance(size, int) else size.node.hint
+
+
+def _layout(t) -> str:
+    return "row" if t.stride(1) == 1 else "column" if t.stride(0) == 1 else "strided"
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
+    def operand(rows, cols, layout):
+        return torch.randn(cols, rows).t() if layout == "column" else torch.randn(rows, cols)
+    key = cache.digest("gemm", torch.__version__, cpu_name(), str(torch.get_num_threads()),
+                       f"{m}x{k}x{n}", layout1, layout2)
+    with _real_tensors():
+        a, b = operand(m, k, layout1), operand(k, n, layout2)
+        linear = torch.ops.mkldnn._linear_pointwise.default
+        return library_choice(key, {"mkl": lambda: torch.mm(a, b),
+                                    "onednn": lambda: linear(a, b.t(), None, "none", [], "")})
+
+
+@contextlib.contextmanager
+def _real_tensors():
+    """Leave the trace's fake and proxy modes (and grad mode) to run real products."""
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        yield
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,8 +206,8 @@ CPU_CLAIMS = {
 
 def _onednn_reason(args) -> str:
     post = " with GELU folded in" if len(args) > 3 and args[3] == "gelu" else ""
-    return (f"oneDNN's linear{post} beats MKL's mm for a large weight and few rows "
-            "(MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS=0 uses mm)")
+    return (f"oneDNN's linear{post}: faster than MKL's mm for this shape on this machine, or pinned "
+            "(MINICOMPILE_CPU_GEMM=mkl uses mm)")
 
 
 EXTERN_ON_PURPOSE = {

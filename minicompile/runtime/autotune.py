@@ -10,8 +10,10 @@ the winner.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import platform
 import statistics
 import threading
 import time
@@ -71,3 +73,62 @@ def save_choice(key: str, variant: str, timings: dict) -> None:
     with open(tmp, "w") as f:
         json.dump({"variant": variant, "median_seconds": timings}, f, indent=1)
     cache.commit(tmp, path)
+
+
+# -- library calls: which vendor routine is fastest for one shape -----------------------------
+
+LIBRARY_ROUNDS = (3, 9)     # at least / at most this many interleaved rounds ...
+LIBRARY_BUDGET_S = 0.05     # ... running until this much time has passed
+_library_choices: dict = {}
+
+
+def library_choice(key: str, candidates: dict) -> str:
+    """The fastest of ``candidates`` (name -> a call with no arguments), measured once per key.
+
+    For choices between vendor routines for one operation and shape (aot/cpu_policy.py: MKL's
+    sgemm or oneDNN's matmul), where the winner depends on the machine and the ratio is large.
+    The candidates run interleaved, a round at a time, so a noisy moment hits all of them; the
+    median decides. The winner is remembered in this process and on disk (the key names the
+    machine, the thread count and the shape), so a later compile of the same shape measures
+    nothing and decides the same. A candidate that raises is not chosen.
+    """
+    if key in _library_choices:
+        return _library_choices[key]
+    choice = load_choice(key)
+    if choice not in candidates:
+        times = _interleaved_medians(candidates)
+        choice = min(times, key=times.get)
+        save_choice(key, choice, times)
+    _library_choices[key] = choice
+    return choice
+
+
+def _interleaved_medians(candidates: dict) -> dict:
+    times = {name: [] for name in candidates}
+    for name, call in candidates.items():
+        try:
+            call()                          # warm-up: first-call setup is not the routine's speed
+        except Exception:  # noqa: BLE001 - a routine that does not run is not a candidate
+            del times[name]
+    if not times:
+        raise RuntimeError(f"no candidate routine ran: {sorted(candidates)}")
+    start = time.perf_counter()
+    for rounds in range(1, LIBRARY_ROUNDS[1] + 1):
+        for name in times:
+            t0 = time.perf_counter()
+            candidates[name]()
+            times[name].append(time.perf_counter() - t0)
+        if rounds >= LIBRARY_ROUNDS[0] and time.perf_counter() - start >= LIBRARY_BUDGET_S:
+            break
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_name() -> str:
+    """The CPU's model name (part of a measured choice's key: another CPU measures again)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()

@@ -88,7 +88,8 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
         a, b = operand(m, k, layout1), operand(k, n, layout2)
         linear = torch.ops.mkldnn._linear_pointwise.default
         return library_choice(key, {"mkl": lambda: torch.mm(a, b),
-                                    "onednn": lambda: linear(a, b.t(), None, "none", [], "")})
+                                    "onednn": lambda: linear(a, b.t(), None, "none", [], "")},
+                              f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})")
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """Pointwise ops that are a few core ops: addcmul, addcdiv, masked_fill, lerp, rsub,
-and pow with the exponents eager itself special-cases (2 -> x*x, 0.5 -> sqrt, -0.5 -> rsqrt).
+and pow with the exponents eager itself special-cases (2 -> x*x, 3 -> x*x*x, -1 and -2 -> reciprocals,
+0.5 -> sqrt, -0.5 -> rsqrt), computed in eager's order so results are bit-equal.
 """
 from __future__ import annotations
 
@@ -95,6 +96,12 @@ def pow_tensor_scalar(self, exponent):
         return NotImplemented  # e.g. int tensor ** 2.0 promotes: leave it to pow
     if exponent == 2:
         return aten.mul.Tensor(self, self)
+    if exponent == 3 and not self.is_complex():   # GPT-2's tanh GELU: a vector powf is ~25 ns a float
+        return aten.mul.Tensor(aten.mul.Tensor(self, self), self)
+    if self.is_floating_point() and exponent == -2:
+        return aten.reciprocal.default(aten.mul.Tensor(self, self))
+    if self.is_floating_point() and exponent == -1:
+        return aten.reciprocal.default(self)
     if self.is_floating_point() and exponent == 0.5:
         return aten.sqrt.default(self)
     if self.is_floating_point() and exponent == -0.5:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import platform
 import statistics
@@ -22,6 +23,8 @@ from typing import Callable
 import torch
 
 from minicompile.runtime import cache
+
+log = logging.getLogger("minicompile")
 
 MIN_RUNS = 5
 BUDGET_S = 0.2
@@ -77,12 +80,12 @@ def save_choice(key: str, variant: str, timings: dict) -> None:
 
 # -- library calls: which vendor routine is fastest for one shape -----------------------------
 
-LIBRARY_ROUNDS = (3, 9)     # at least / at most this many interleaved rounds ...
+LIBRARY_ROUNDS = (5, 15)    # at least / at most this many interleaved rounds ...
 LIBRARY_BUDGET_S = 0.05     # ... running until this much time has passed
 _library_choices: dict = {}
 
 
-def library_choice(key: str, candidates: dict) -> str:
+def library_choice(key: str, candidates: dict, what: str = "") -> str:
     """The fastest of ``candidates`` (name -> a call with no arguments), measured once per key.
 
     For choices between vendor routines for one operation and shape (aot/cpu_policy.py: MKL's
@@ -91,19 +94,25 @@ def library_choice(key: str, candidates: dict) -> str:
     median decides. The winner is remembered in this process and on disk (the key names the
     machine, the thread count and the shape), so a later compile of the same shape measures
     nothing and decides the same. A candidate that raises is not chosen.
+
+    Each run is timed by the process's CPU time and the fastest run counts: on a machine
+    shared with other work, wall-clock runs mostly measured how long the scheduler kept us
+    waiting (medians of wall-clock rounds picked a 3x slower GEMM under load).
     """
     if key in _library_choices:
         return _library_choices[key]
     choice = load_choice(key)
     if choice not in candidates:
-        times = _interleaved_medians(candidates)
+        times = _interleaved_best(candidates)
         choice = min(times, key=times.get)
         save_choice(key, choice, times)
+        log.info("measured %s: %s (%s)", what or key, choice,
+                 ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in times.items()))
     _library_choices[key] = choice
     return choice
 
 
-def _interleaved_medians(candidates: dict) -> dict:
+def _interleaved_best(candidates: dict) -> dict:
     times = {name: [] for name in candidates}
     for name, call in candidates.items():
         try:
@@ -115,12 +124,12 @@ def _interleaved_medians(candidates: dict) -> dict:
     start = time.perf_counter()
     for rounds in range(1, LIBRARY_ROUNDS[1] + 1):
         for name in times:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             candidates[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(time.process_time() - t0)
         if rounds >= LIBRARY_ROUNDS[0] and time.perf_counter() - start >= LIBRARY_BUDGET_S:
             break
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: min(ts) for name, ts in times.items()}
 
 
 @functools.lru_cache(maxsize=None)

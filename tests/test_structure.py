@@ -54,8 +54,8 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
 # The measured choice between MKL's sgemm and oneDNN's matmul per product shape
-# (aot/cpu_policy.py, runtime/autotune.library_choice) added ~120.
-CORE_LINE_BUDGET = 14_580
+# (aot/cpu_policy.py, runtime/autotune.library_choice) and pow's products added ~130.
+CORE_LINE_BUDGET = 14_590
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -53,7 +53,8 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # mark_dynamic) added ~190: 14231 measured with all of them.
 # Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
-CORE_LINE_BUDGET = 14_460
+# pow by 3, -2 and -1 as eager's products (decomp/pointwise.py; gelu_new's cube) added ~10.
+CORE_LINE_BUDGET = 14_470
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

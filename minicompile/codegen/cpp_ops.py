@@ -27,7 +27,7 @@ TEMPLATES = {
     "cos": "std::cos({0} + 0.0f)", "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
     "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
-    "atanh": "std::atanh({0})", "erf": "std::erf({0})", "erfc": "std::erfc({0})",
+    "atanh": "std::atanh({0})", "erf": "mc_erf({0})", "erfc": "std::erfc({0})",
     "sigmoid": "(1 / (1 + mc_exp(-{0})))", "relu": "({0} < 0 ? 0 : {0})",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
     "trunc": "std::trunc({0})", "sign": "mc_sign({0})", "logical_not": "(!{0})",

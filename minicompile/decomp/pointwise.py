@@ -1,6 +1,6 @@
 """Pointwise ops that are a few core ops: addcmul, addcdiv, masked_fill, lerp, rsub,
-and pow with the exponents eager itself special-cases (2 -> x*x, 3 -> x*x*x, -1 and -2 -> reciprocals,
-0.5 -> sqrt, -0.5 -> rsqrt), computed in eager's order so results are bit-equal.
+and pow with the exponents eager itself special-cases (2 -> x*x, 3 -> x*x*x, -2 -> 1/(x*x),
+-1 -> 1/x, 0.5 -> sqrt, -0.5 -> rsqrt).
 """
 from __future__ import annotations
 
@@ -90,18 +90,24 @@ def rsub_tensor(self, other, alpha=1):
     return aten.sub.Tensor(other, self, alpha=alpha)
 
 
+# pow(x, n) that eager computes as products, bit for bit (float16 rounds otherwise there)
+_POW_AS_PRODUCTS = (torch.float32, torch.float64, torch.bfloat16)
+_POW_AS_PRODUCTS_OF = {
+    3: lambda x: aten.mul.Tensor(aten.mul.Tensor(x, x), x),
+    -2: lambda x: aten.reciprocal.default(aten.mul.Tensor(x, x)),
+    -1: aten.reciprocal.default,
+}
+
+
 @register_decomposition(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(self, exponent):
     if torch.result_type(self, exponent) != self.dtype:
         return NotImplemented  # e.g. int tensor ** 2.0 promotes: leave it to pow
     if exponent == 2:
         return aten.mul.Tensor(self, self)
-    if exponent == 3 and not self.is_complex():   # GPT-2's tanh GELU: a vector powf is ~25 ns a float
-        return aten.mul.Tensor(aten.mul.Tensor(self, self), self)
-    if self.is_floating_point() and exponent == -2:
-        return aten.reciprocal.default(aten.mul.Tensor(self, self))
-    if self.is_floating_point() and exponent == -1:
-        return aten.reciprocal.default(self)
+    if self.dtype in _POW_AS_PRODUCTS and exponent in (3, -2, -1):
+        # eager's own products for these (GPT-2's gelu_new cubes x; std::pow there ran 25x slower)
+        return _POW_AS_PRODUCTS_OF[exponent](self)
     if self.is_floating_point() and exponent == 0.5:
         return aten.sqrt.default(self)
     if self.is_floating_point() and exponent == -0.5:

@@ -127,6 +127,49 @@ static inline float mc_sin_fast(float x) { return std::sin(x); }
 static inline float mc_cos_fast(float x) { return std::cos(x + 0.0f); }
 #endif
 
+// erf for float32, inline and branch-free: in a fused loop about 1.5x faster than glibc's
+// vector erff (GELU's erf was the slowest part of its kernel). Both halves are computed and
+// one is picked: |x| <= 1.5: erf(x) = x + x P(x^2 - 1.125) (x + ... keeps -0 and denormals
+// exact to an ulp); beyond: 1 - erfc(|x|) with erfc a polynomial in |x| - 2.725 (absolute
+// error 8e-9 up to 3.95), and exactly 1 from 3.92 on (erf rounds to 1 from 3.9192), so that
+// gelu(-30) is -0 as in eager. Both polynomials are centred so float32 Horner loses little;
+// their coefficients are weighted minimax fits (Lawson's iteration) to mpmath's erf, relative
+// error for the first, absolute for erfc. Checked against double precision on every float: at
+// most 1.46 ulp, near |x| = 1.5 (tests/test_prelude_math.py). inf gives +-1, NaN stays NaN.
+#ifdef __FMA__
+static inline float mc_erf(float x) {
+    float t = std::fabs(x), s = MC_FMA(x, x, -1.125f);
+    float p = -5.665215667e-06f;
+    p = MC_FMA(p, s, 4.743597674e-05f);
+    p = MC_FMA(p, s, -3.338504175e-04f);
+    p = MC_FMA(p, s, 2.112058224e-03f);
+    p = MC_FMA(p, s, -1.143919025e-02f);
+    p = MC_FMA(p, s, 5.207639188e-02f);
+    p = MC_FMA(p, s, -2.002245039e-01f);
+    p = MC_FMA(p, s, -1.831638366e-01f);
+    float small = MC_FMA(x, p, x);
+    float u = t - 2.725f;
+    float q = 4.990880825e-06f;
+    q = MC_FMA(q, u, 2.311581284e-06f);
+    q = MC_FMA(q, u, -6.449802459e-05f);
+    q = MC_FMA(q, u, 1.087558558e-04f);
+    q = MC_FMA(q, u, 7.641714910e-05f);
+    q = MC_FMA(q, u, -6.823874428e-04f);
+    q = MC_FMA(q, u, 1.769199036e-03f);
+    q = MC_FMA(q, u, -3.004303901e-03f);
+    q = MC_FMA(q, u, 3.619175870e-03f);
+    q = MC_FMA(q, u, -3.105543554e-03f);
+    q = MC_FMA(q, u, 1.831879257e-03f);
+    q = MC_FMA(q, u, -6.721913815e-04f);
+    q = MC_FMA(q, u, 1.163321649e-04f);
+    float big = std::copysign(t > 3.92f ? 1.0f : 1.0f - q, x);
+    return t > 1.5f ? big : small;
+}
+#else  // the polynomials were checked with fused multiply-adds only: use the library
+static inline float mc_erf(float x) { return std::erf(x); }
+#endif
+static inline double mc_erf(double x) { return std::erf(x); }
+
 // float -> integer as x86 truncates (and so eager): NaN and out-of-range values give the
 // type's minimum; a plain static_cast is undefined there and the compiler may fold it to 0
 template <typename I, typename F> static inline I mc_f2i(F x) {

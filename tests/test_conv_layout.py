@@ -11,7 +11,10 @@ from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 
 def _clones_to_channels_last(graph) -> int:
-    return sum(1 for n in graph.aten_graph.graph.nodes
+    """In the graph, and in its preparation of the weights (aot/prepare.py), which runs once."""
+    prepared = graph.aten_graph.meta.get("prepared")
+    graphs = [graph.aten_graph.graph] + ([prepared.prepare.graph] if prepared else [])
+    return sum(1 for g in graphs for n in g.nodes
                if n.target is torch.ops.aten.clone.default and n.kwargs.get("memory_format") is torch.channels_last)
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from minicompile.aot import trace
-from minicompile.aot.conv_layout import functionalize_channels_last
+from minicompile.aot.conv_layout import functionalize_channels_last, pointwise_convs_as_linear
 from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear
 from minicompile.aot.prepare import fold_conv_bn, split_prepared, static_inputs
 
@@ -35,6 +35,12 @@ def _fold_gelu(gm, ctx):
     return gm
 
 
+def _pointwise_convs(gm, ctx):
+    """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as oneDNN's linear."""
+    pointwise_convs_as_linear(gm, ctx.fake_mode)
+    return gm
+
+
 def _functionalize(gm, ctx):
     """trace.functionalize, with CPU convolutions fed channels-last (aot/conv_layout.py)."""
     return functionalize_channels_last(trace.functionalize, gm, ctx)
@@ -47,6 +53,7 @@ ATEN_PASSES = (
     AtenPass("leftover_inplace", trace.leftover_inplace),  # in-place ops composite kernels left behind
     AtenPass("dce", trace.dce),
     AtenPass("fold_conv_bn", fold_conv_bn),                # conv * s + t, s and t from parameters: one conv
+    AtenPass("pointwise_convs", _pointwise_convs),         # CPU: 1x1 conv of NHWC -> oneDNN linear
     AtenPass("fold_gelu", _fold_gelu),                     # CPU: GELU into oneDNN's linear
     AtenPass("input_meta", trace.input_meta),              # meta['val'] on int inputs and constants
     AtenPass("check_meta", trace.check_meta),              # every node carries meta['val']

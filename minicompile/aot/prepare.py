@@ -98,7 +98,7 @@ def _fold(gm, conv: torch.fx.Node, static: set, fake_mode) -> bool:
     mul, s = scaled
     shifted = _channel_operand(mul, aten.add.Tensor, static, out)
     last, t = shifted if shifted else (mul, None)
-    c, emit = out.shape[1], _Emitter(gm.graph, fake_mode)
+    c, emit = out.shape[1], Emitter(gm.graph, fake_mode)
     with gm.graph.inserting_before(last):
         new_w = emit(aten.mul.Tensor, w, emit(aten.view.default, s, [c] + [1] * (w.meta["val"].dim() - 1)))
         s_c = emit(aten.view.default, s, [c])
@@ -129,7 +129,7 @@ def _channel_operand(node: torch.fx.Node, op, static: set, out: torch.Tensor):
     return user, other
 
 
-class _Emitter:
+class Emitter:
     """Adds ``op(*args)`` to the graph with its fake value in ``meta['val']``."""
 
     def __init__(self, graph: torch.fx.Graph, fake_mode):

@@ -151,9 +151,10 @@ def _training_compiler(knobs: dict):
     """Compiles the forward now and the backward on the first backward, under this graph's knobs.
     Not with channels-last convolutions (aot/conv_layout.py, an inference layout): in a forward
     half it converts every call and leaves the backward's convolutions on mixed layouts (the
-    training CNN's step went from 0.96x to 0.87x Inductor's with it)."""
+    training CNN's step went from 0.96x to 0.87x Inductor's with it). Nor with prepared weights
+    (aot/prepare.py): the parameters change every step."""
     def compile_part(part_gm, example_inputs):
-        with patch(**{**knobs, "conv_channels_last": False}):
+        with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False}):
             return compile_graph(part_gm, example_inputs)
     return compile_part
 

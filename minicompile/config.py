@@ -67,6 +67,10 @@ class Config:
     cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")
     # Inference on CPU: NCHW float32 convolutions get channels-last inputs (aot/conv_layout.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
+    # Inference on CPU: values computed from parameters and buffers alone (channels-last weights,
+    # BatchNorm folded into the convolution before it) are computed once per version of those
+    # tensors, not on every call (aot/prepare.py, runtime/prepared.py).
+    prepare_weights: bool = _env("MINICOMPILE_PREPARE_WEIGHTS", True, bool)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
     # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
     host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)

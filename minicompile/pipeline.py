@@ -115,7 +115,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
     be = BACKENDS[_pick_backend(aten)]
     loops = t("lower", lower, aten, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
-    code = t("codegen", _generate, be, loops, plan)                 # codegen/
+    code = t("codegen", _generate, be, loops, plan, aten.meta.get("prepared"))   # codegen/
     lib = t("build", be.load, code.kernels)                         # runtime/
     run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
     compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
@@ -129,9 +129,9 @@ def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModu
         return trace_inference(gm, example_inputs, COMPILE_PASSES)
 
 
-def _generate(backend, loops: LoopGraph, plan: Schedule) -> Code:
+def _generate(backend, loops: LoopGraph, plan: Schedule, prepared=None) -> Code:
     kernels = backend.generate(loops, plan)
-    wrapper = WrapperCode(loops, plan, kernels.kernel_args, kernels.groups)
+    wrapper = WrapperCode(loops, plan, kernels.kernel_args, kernels.groups, prepared)
     return Code(kernels, wrapper.generate(), wrapper.externs)
 
 

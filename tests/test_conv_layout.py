@@ -11,7 +11,10 @@ from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 
 def _clones_to_channels_last(graph) -> int:
-    return sum(1 for n in graph.aten_graph.graph.nodes
+    """In the graph, and in its preparation of the weights (aot/prepare.py), which runs once."""
+    prepared = graph.aten_graph.meta.get("prepared")
+    graphs = [graph.aten_graph.graph] + ([prepared.prepare.graph] if prepared else [])
+    return sum(1 for g in graphs for n in g.nodes
                if n.target is torch.ops.aten.clone.default and n.kwargs.get("memory_format") is torch.channels_last)
 
 
@@ -129,3 +132,23 @@ def test_training_halves_keep_eager_layout(fresh_dynamo):
     (graph,) = rec.training
     assert graph.backward is not None
     assert _clones_to_channels_last(graph.forward) == _clones_to_channels_last(graph.backward) == 0
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise") or not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN linear")
+    torch.manual_seed(0)
+    expand, project = nn.Conv2d(6, 12, 1, bias=bias).eval(), nn.Conv2d(12, 5, 1, stride=2).eval()
+
+    def fn(x):
+        return project(F.silu(expand(x)))   # the strided 1x1 stays a convolution
+
+    x = torch.randn(2, 6, 7, 9)
+    with torch.no_grad():
+        ref = fn(x)
+    out, graphs = compile_with_dynamo(fn, x)
+    assert_matches_eager(out, ref)
+    targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
+    assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 1
+    assert targets.count(torch.ops.aten.convolution.default) == 1

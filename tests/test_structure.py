@@ -55,7 +55,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
 # The measured choice between MKL's sgemm and oneDNN's matmul per product shape
 # (aot/cpu_policy.py, runtime/autotune.library_choice) and pow's products added ~130.
-CORE_LINE_BUDGET = 14_590
+# Inference values computed from parameters alone prepared once per version (aot/prepare.py:
+# static inputs, conv + BatchNorm folding, the split; runtime/prepared.py's cache) added ~305; 1x1
+# convolutions of NHWC pixels as oneDNN linear (aot/conv_layout.py) ~50.
+CORE_LINE_BUDGET = 14_945
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -1,12 +1,13 @@
 """The ATen-graph passes, in order, and the runner that times each and stamps the result.
 
     aten_gm = trace_inference(gm, example_inputs)                  ATEN_PASSES
-    aten_gm = trace_inference(gm, example_inputs, COMPILE_PASSES)  + lift (the pipeline's list)
+    aten_gm = trace_inference(gm, example_inputs, COMPILE_PASSES)  + lift, split_prepared (the pipeline's list)
 
 Each pass is ``(gm, ctx) -> gm`` (aot/trace.py). The result carries, as thunder's traces do,
 which passes constructed it and how long each took: ``gm.meta["constructed_by"]`` is a list
 of (pass name, seconds), printed as a header on the ATen graph (``constructed_by``), and
-``gm.meta["lifted"]`` holds the tensor attributes ``lift`` made inputs.
+``gm.meta["lifted"]`` holds the tensor attributes ``lift`` made inputs, ``gm.meta["prepared"]``
+(after ``split_prepared``) the cached preparation of its trailing inputs (aot/prepare.py).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from typing import Callable
 import torch
 
 from minicompile.aot import trace
-from minicompile.aot.conv_layout import functionalize_channels_last
+from minicompile.aot.conv_layout import functionalize_channels_last, pointwise_convs_as_linear
 from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear
+from minicompile.aot.prepare import fold_conv_bn, split_prepared, static_inputs
 
 
 @dataclass(frozen=True)
@@ -33,16 +35,25 @@ def _fold_gelu(gm, ctx):
     return gm
 
 
+def _pointwise_convs(gm, ctx):
+    """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as oneDNN's linear."""
+    pointwise_convs_as_linear(gm, ctx.fake_mode)
+    return gm
+
+
 def _functionalize(gm, ctx):
     """trace.functionalize, with CPU convolutions fed channels-last (aot/conv_layout.py)."""
     return functionalize_channels_last(trace.functionalize, gm, ctx)
 
 
 ATEN_PASSES = (
+    AtenPass("static_inputs", static_inputs),              # which inputs are parameters/buffers (aot/prepare.py)
     AtenPass("custom_ops", trace.custom_ops),              # mutating custom ops -> functional twins
     AtenPass("functionalize", _functionalize),             # make_fx + functionalize + our decompositions
     AtenPass("leftover_inplace", trace.leftover_inplace),  # in-place ops composite kernels left behind
     AtenPass("dce", trace.dce),
+    AtenPass("fold_conv_bn", fold_conv_bn),                # conv * s + t, s and t from parameters: one conv
+    AtenPass("pointwise_convs", _pointwise_convs),         # CPU: 1x1 conv of NHWC -> oneDNN linear
     AtenPass("fold_gelu", _fold_gelu),                     # CPU: GELU into oneDNN's linear
     AtenPass("input_meta", trace.input_meta),              # meta['val'] on int inputs and constants
     AtenPass("check_meta", trace.check_meta),              # every node carries meta['val']
@@ -50,8 +61,11 @@ ATEN_PASSES = (
     AtenPass("alias_outputs", trace.alias_outputs),        # a mutated input returned is that input
 )
 
-# The pipeline also lifts tensor attributes to inputs, so tracing never holds a real tensor.
-COMPILE_PASSES = (AtenPass("lift", trace.lift), *ATEN_PASSES)
+# The pipeline also lifts tensor attributes to inputs, so tracing never holds a real tensor, and
+# moves values computed from parameters alone into a cached preparation (more inputs: the
+# pipeline's wrapper supplies them, so other callers of trace_inference never see it).
+COMPILE_PASSES = (AtenPass("lift", trace.lift), *ATEN_PASSES,
+                  AtenPass("split_prepared", split_prepared))  # parameter-only values: computed once
 
 
 def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, passes=ATEN_PASSES) -> torch.fx.GraphModule:

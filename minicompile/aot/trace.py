@@ -47,6 +47,7 @@ class PassContext:
     fake_mode: FakeTensorMode | None = None
     fake_inputs: list = field(default_factory=list)
     symbolic: bool = False
+    static: frozenset = frozenset()                # positions of parameter/buffer inputs (aot/prepare.py)
 
 
 def lift(gm, ctx: PassContext):

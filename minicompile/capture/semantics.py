@@ -282,7 +282,10 @@ def module_attr(tracer: Tracer, m: nn.Module, name: str):
     d = m.__dict__
     for table in ("_parameters", "_buffers", "_modules"):
         if name in d.get(table, ()):
-            return tracer.wrap(d[table][name], f"{src}.{table}[{name!r}]")
+            var = tracer.wrap(d[table][name], f"{src}.{table}[{name!r}]")
+            if table != "_modules" and isinstance(var, TensorVar) and var.node.op == "placeholder":
+                var.node.meta["static_input"] = True  # what is computed from it alone is cached (aot/prepare.py)
+            return var
     if name in d:
         return tracer.wrap(d[name], f"{src}.{name}")
     return class_attr(tracer, m, name, src)

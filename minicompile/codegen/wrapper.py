@@ -9,6 +9,10 @@ the next buffer of the same size and dtype. A horizontal group of C++ kernels
 (codegen/cpp_groups.py) is one call, made where its last kernel was; its kernels' buffers are
 allocated at their own steps and none is handed on before that call.
 
+When aot/prepare.py moved values computed from parameters alone out of the graph, its last
+placeholders are those values: ``call`` gets them from a runtime.prepared.CachedPreparation,
+which recomputes them only when a parameter changed.
+
 With symbolic sizes the wrapper binds each symbol at call time (``s77 = arg1.size(0)``, or
 the int input Dynamo passes), sizes its buffers with expressions over the symbols, and
 passes the symbols a kernel names after its pointers.
@@ -28,13 +32,16 @@ from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
 from minicompile.runtime import host_pool
+from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import FusedKernel
 
 
 class WrapperCode:
-    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict, groups: dict | None = None):
+    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict, groups: dict | None = None,
+                 prepared: CachedPreparation | None = None):
         self.graph = graph
+        self.prepared = prepared        # supplies the trailing placeholders (runtime/prepared.py)
         self.schedule = schedule
         self.storage = graph.mutations  # a buffer that writes into an input is that input
         self.kernel_args = kernel_args  # kernel (or group) name -> [pointer names]
@@ -142,7 +149,7 @@ class WrapperCode:
         head += [f"    {name} = lib.{name}" for name in self.kernel_args]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")
-        unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = args"] + sizes if names else []
+        unpack = self._unpack(names) + sizes
         ret_line = f"return ({ret}{',' if len(graph.outputs) == 1 else ''})"
         profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
         plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",
@@ -150,6 +157,15 @@ class WrapperCode:
         functions = ["", "    def call(args):", *_indent(plain, 2), "",
                      "    def call_profiled(args):", *_indent(profiled, 2), "", "    return call", ""]
         return "\n".join(head + functions)
+
+    def _unpack(self, names: list) -> list:
+        """The caller's arguments, then the prepared values computed from them (cached)."""
+        k = len(names) - (len(self.prepared.layouts) if self.prepared else 0)
+        lines = [f"{', '.join(names[:k])}{',' if k == 1 else ''} = args"] if k else []
+        if self.prepared:
+            lines.append(f"{', '.join(names[k:])}, = {self._ref(self.prepared)}(args)  "
+                         "# computed from parameters, kept while they are unchanged")
+        return lines
 
     def _conform(self, b) -> str:
         lay = b.layout

@@ -69,8 +69,10 @@ class Config:
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
     # Inference on CPU: values computed from parameters and buffers alone (channels-last weights,
     # BatchNorm folded into the convolution before it) are computed once per version of those
-    # tensors, not on every call (aot/prepare.py, runtime/prepared.py).
-    prepare_weights: bool = _env("MINICOMPILE_PREPARE_WEIGHTS", True, bool)
+    # tensors, not on every call (aot/prepare.py, runtime/prepared.py). Off by default, as
+    # Inductor's freezing: a write through ``p.data`` moves no version counter, so a prepared
+    # value would go stale silently. options={"freezing": True} turns it on for one model.
+    prepare_weights: bool = _env("MINICOMPILE_PREPARE_WEIGHTS", False, bool)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
     # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
     host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)
@@ -104,6 +106,7 @@ MODES = {
 OPTION_ALIASES = {
     "triton.cudagraphs": "cudagraphs",
     "triton.autotune_pointwise": "triton_autotune",
+    "freezing": "prepare_weights",
 }
 
 # Knobs that make no sense for one graph: the capture front end's limit is per code object.

@@ -17,6 +17,13 @@ from tests.helpers import Recorder, assert_matches_eager
 aten = torch.ops.aten
 
 
+@pytest.fixture(autouse=True)
+def prepared_weights():
+    """The preparation is off by default (a write through ``p.data`` moves no version counter)."""
+    with patch(prepare_weights=True):
+        yield
+
+
 class ConvBN(nn.Module):
     def __init__(self, bias=False):
         super().__init__()
@@ -181,3 +188,24 @@ def test_prepared_value_gets_the_kernels_strides():
     w = torch.arange(6.0).reshape(2, 3)
     (out,) = prepared((w,))
     assert out.stride() == (2, 1) and torch.equal(out, w.t())
+
+
+def test_off_by_default_so_writes_through_data_are_followed(fresh_dynamo):
+    # config.prepare_weights: p.data.mul_ bumps no version counter; only a per-call preparation sees it
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with patch(prepare_weights=False), torch.no_grad():
+        compiled = torch.compile(model, backend="minicompile")
+        assert_matches_eager(compiled(x), model(x))
+        model.conv.weight.data.mul_(2.0)
+        assert_matches_eager(compiled(x), model(x))
+
+
+def test_freezing_option_turns_it_on_for_one_model(fresh_dynamo, compiles):
+    # config.OPTION_ALIASES: Inductor's option name for the same trade
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    with patch(prepare_weights=False), torch.no_grad():
+        compiled = torch.compile(model, backend="minicompile", options={"freezing": True})
+        assert_matches_eager(compiled(x), model(x))
+        model.conv.weight.add_(1.0)
+        assert_matches_eager(compiled(x), model(x))
+    assert len(compiles) == 1 and compiles[0].aten_graph.meta["prepared"] is not None

@@ -1,0 +1,69 @@
+"""The kernels of training graphs: how many passes over memory they make, compared with eager.
+
+Each case compiles a forward and backward through torch.compile(backend="minicompile"),
+checks every gradient against eager's, then checks the schedule for a pass the step does not
+need: a value stored twice, a row-reduced value stored only to be read back by the next
+kernel, a column sum sharing a loop with a row map.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from minicompile.config import patch
+from minicompile.ir.nodes import Reduction
+from minicompile.tools.workloads import Block
+from tests.helpers import Recorder, assert_matches_eager, check
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _train_step(model, x):
+    """One forward and backward compiled (cpp) and eagerly; the gradients match; the TrainingGraph."""
+    torch.manual_seed(0)
+    reference = copy.deepcopy(model)
+    rec = Recorder()
+    torch._dynamo.reset()
+    with patch(cpu_backend="cpp"):
+        xc = x.clone().requires_grad_(True)
+        torch.compile(model, backend=rec)(xc).backward(torch.ones(model(x).shape))
+    xr = x.clone().requires_grad_(True)
+    reference(xr).backward(torch.ones(model(x).shape))
+    assert_matches_eager([xc.grad] + [p.grad for p in model.parameters()],
+                         [xr.grad] + [p.grad for p in reference.parameters()], **TOL)
+    (graph,) = rec.training
+    return graph
+
+
+def _stored(kernel) -> list:
+    return [n for n in kernel.nodes if n.name not in kernel.local | kernel.scratch]
+
+
+def test_a_softmax_read_by_a_bmm_and_saved_for_backward_is_stored_once(fresh_dynamo):
+    """The attention's probabilities reach the bmm through a view and are saved for backward;
+    the extern used to realize the view and the output the softmax itself: two buffers."""
+    graph = _train_step(Block(16, heads=2, seq=8), torch.randn(2, 8, 16))
+    (softmax,) = [k for k in graph.forward.schedule.kernels
+                  if any(isinstance(n.data, Reduction) and n.data.reduction_type == "max" for n in k.nodes)]
+    assert len(_stored(softmax)) == 1, [n.name for n in _stored(softmax)]
+
+
+def test_a_value_read_by_an_extern_through_a_view_is_one_buffer():
+    """Inference too: ``s`` is an output and the bmm reads ``s`` viewed as 3-d."""
+    def fn(a, v):
+        s = torch.softmax(a, -1)
+        return s, s @ v
+    compiled = check(fn, torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 4), trace="fake", rtol=1e-4)
+    stored = [n for k in compiled.schedule.kernels for n in _stored(k)]
+    assert len(stored) == 1, [n.name for n in stored]
+
+
+def test_an_output_saved_for_backward_is_stored_once(fresh_dynamo):
+    """A softmax at the end of the model is the user's output and saved for backward: the forward
+    graph returns the node twice, and each return used to realize its own copy."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.Softmax(dim=-1))
+    graph = _train_step(model, torch.randn(8, 16))
+    (softmax,) = graph.forward.schedule.kernels
+    assert len(_stored(softmax)) == 1, [n.name for n in _stored(softmax)]

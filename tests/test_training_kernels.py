@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from minicompile.config import patch
-from minicompile.ir.nodes import Reduction
+from minicompile.ir.nodes import Reduction, prod
 from minicompile.tools.workloads import Block
 from tests.helpers import Recorder, assert_matches_eager, check
 
@@ -67,3 +67,34 @@ def test_an_output_saved_for_backward_is_stored_once(fresh_dynamo):
     graph = _train_step(model, torch.randn(8, 16))
     (softmax,) = graph.forward.schedule.kernels
     assert len(_stored(softmax)) == 1, [n.name for n in _stored(softmax)]
+
+
+def test_layer_norm_backward_keeps_row_sums_in_registers_and_column_sums_apart(fresh_dynamo):
+    """LayerNorm backward: the input gradient needs two sums along each row, the weight and bias
+    gradients are sums down the columns. The row sums and the input gradient are one kernel
+    (the sums never stored); the column sums have their own blocked loop."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU())
+    graph = _train_step(model, torch.randn(32, 64))
+    kernels = graph.backward.schedule.kernels
+    row_sums = {n.name: k for k in kernels for n in k.nodes
+                if isinstance(n.data, Reduction) and prod(n.data.ranges) == 32}
+    assert row_sums and all(name in k.local for name, k in row_sums.items()), row_sums
+    columns = [k for k in kernels if k.outer_ranges == (64,) and k.is_reduction]
+    assert columns and all(set(k.level.values()) == {"reduction"} for k in columns), \
+        [(k.name, k.level) for k in columns]
+    assert graph.backward.kernel_source.count("x0_block") >= 3 * len(columns)
+
+
+def test_a_column_sum_and_a_row_map_of_one_input_are_two_kernels():
+    """They read the same array in transposed orders: one loop nest would stride one of them."""
+    with patch(cpu_backend="cpp"):
+        compiled = check(lambda g: (g.sum(0), g * 2.0 + 1.0), torch.randn(48, 96), rtol=1e-4, atol=1e-5)
+    assert len(compiled.schedule.kernels) == 2
+    assert "x0_block" in compiled.kernel_source
+
+
+def test_sibling_reductions_of_one_input_still_share_a_kernel():
+    """Joining only for a shared load stays: both sums read x[row, col] in the same iteration."""
+    with patch(cpu_backend="cpp"):
+        compiled = check(lambda x: (x.sum(1), (x * x).sum(1)), torch.randn(16, 32), rtol=1e-4, atol=1e-5)
+    assert len(compiled.schedule.kernels) == 1

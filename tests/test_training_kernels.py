@@ -98,3 +98,14 @@ def test_sibling_reductions_of_one_input_still_share_a_kernel():
     with patch(cpu_backend="cpp"):
         compiled = check(lambda x: (x.sum(1), (x * x).sum(1)), torch.randn(16, 32), rtol=1e-4, atol=1e-5)
     assert len(compiled.schedule.kernels) == 1
+
+
+def test_slices_of_one_matmul_stay_one_pointwise_kernel():
+    """q, k and v cut from one projection read disjoint columns: no shared load, but a pointwise
+    kernel loses nothing by looping over all three (the rule above is for reduction kernels)."""
+    def fn(x):
+        q, k, v = x.split(8, dim=-1)
+        return q.transpose(0, 1) + 1.0, k.transpose(0, 1) * 2.0, v.transpose(0, 1) - 1.0
+    with patch(cpu_backend="cpp"):
+        compiled = check(fn, torch.randn(6, 4, 24), trace="fake")
+    assert len(compiled.schedule.kernels) == 1

@@ -53,7 +53,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # mark_dynamic) added ~190: 14231 measured with all of them.
 # Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
-CORE_LINE_BUDGET = 14_460
+# One buffer for a value that an extern or output reads through a view, and reduction kernels
+# joined only by members that share a load (the training step's extra memory passes) added ~26.
+CORE_LINE_BUDGET = 14_486
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

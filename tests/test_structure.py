@@ -58,7 +58,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Inference values computed from parameters alone prepared once per version (aot/prepare.py:
 # static inputs, conv + BatchNorm folding, the split; runtime/prepared.py's cache) added ~305; 1x1
 # convolutions of NHWC pixels as oneDNN linear (aot/conv_layout.py) ~50.
-CORE_LINE_BUDGET = 14_945
+# One buffer for a value that an extern or output reads through a view, and reduction kernels
+# joined only by members that share a load (the training step's extra memory passes) added ~26.
+CORE_LINE_BUDGET = 14_975
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

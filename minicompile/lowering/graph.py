@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
@@ -175,7 +176,7 @@ class GraphLowering:
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
             if isinstance(value, TensorValue) and not isinstance(value, StorageView):
-                self.env[n] = self.realize_as_node(value, n)
+                self.env[n] = self.realize_through_views(value, n)
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
 
@@ -211,20 +212,26 @@ class GraphLowering:
         for out in pytree.tree_leaves(outs):  # the pipeline restores the structure
             if isinstance(out, torch.fx.Node):
                 value = self.env[out]
-                if isinstance(value, TensorValue):
-                    value = self._realize_output(value, out)
+                if isinstance(value, TensorValue):  # once: a node returned twice is one buffer
+                    value = self.env[out] = self.realize_through_views(value, out)
                 self.outputs.append(value)
             else:
                 self.outputs.append(out)
 
-    def _realize_output(self, value: TensorValue, node) -> StorageView:
-        """Outputs get eager's strides: realize the storage eager would have, then view it."""
+    def realize_through_views(self, value: TensorValue, node) -> StorageView:
+        """Memory for ``node``'s value with eager's strides (outputs, extern arguments). A view of a lazy value realizes the
+        value it views (once: the viewed node's env entry becomes that memory) and returns a view
+        of it, as eager aliases them. Realizing the view itself instead gave the viewed value no
+        memory, so its other readers stored it a second time (a softmax read by a bmm through a
+        view and saved for backward: two buffers) or recomputed it from its inputs."""
         if isinstance(value, StorageView):
             return value
         if isinstance(value, ReindexView):
             root, root_node = _view_root(value, node)
-            if root_node is not None and not isinstance(root, ReindexView):
+            if root_node is not None and not isinstance(root, ReindexView) and _aliases(node, root_node):
                 base = self.realize_as_node(root, root_node)
+                if self.env.get(root_node) is root:
+                    self.env[root_node] = base
                 meta = node.meta["val"]
                 view = StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
                 if _at_least(view.buffer.layout.storage_numel(), _view_extent(view)):
@@ -274,6 +281,13 @@ def _view_root(value, node):
         value = value.base
         node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
     return value, node
+
+
+def _aliases(node, root_node) -> bool:
+    """``node``'s eager tensor is a view of ``root_node``'s (same fake storage)."""
+    a, b = node.meta.get("val"), root_node.meta.get("val")
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage()))
 
 
 def _view_extent(view: StorageView) -> int:

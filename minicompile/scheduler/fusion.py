@@ -220,6 +220,8 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
         kernel = plan_kernel("", g.nodes + [b])
     except CannotFuse as e:
         return str(e)
+    if kernel.is_reduction and not deps[b.name] & names and not _shares_a_load(kernel, b):
+        return "shares an input with the reduction kernel but reads none of its elements in the same iteration"
     for c in kernel.nodes:
         for r in kernel.reads(c):
             if r.name == b.mutates and r.index != kernel.store_index(b):
@@ -235,6 +237,20 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
                     return f"{c.name} reads {p.name} at [{r.index}] but it is written at [{kernel.store_index(p)}]"
     g.kernel = kernel
     return None
+
+
+def _shares_a_load(kernel: FusedKernel, b) -> bool:
+    """A member that reads nothing a reduction kernel computes joins it to load a shared input
+    once. When no read of ``b`` lands on an element another member loads in the same iteration
+    (a LayerNorm backward's input gradient, a row map, laid out in the loops of its weight
+    gradient, a sum down the columns), it saves no memory traffic and bends one of the two
+    loops: the column sums lose their blocked layout, or the row map its unit stride. Pointwise
+    kernels keep such members (q, k and v split from one matmul: one loop nest, three slices);
+    so does any kernel a single-element member (an optimizer's step counter) joins."""
+    if _single_element(b):
+        return True
+    loads = [(r.name, r.index) for c in kernel.nodes if c is not b for r in kernel.reads(c)]
+    return any((r.name, r.index) in loads for r in kernel.reads(b))
 
 
 def _group_order(groups, group_of, deps):

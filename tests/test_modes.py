@@ -96,7 +96,7 @@ def test_bad_options_are_clear_errors(options, error, message):
 def test_every_listed_option_is_a_knob_or_an_alias():
     names = option_names()
     assert "triton.cudagraphs" in names and "parallel_threshold" in names and "recompile_limit" not in names
-    aliases = {"triton.cudagraphs": "cudagraphs", "triton.autotune_pointwise": "triton_autotune"}
+    aliases = {"triton.cudagraphs": "cudagraphs", "triton.autotune_pointwise": "triton_autotune", "freezing": "prepare_weights"}
     for name in names:
         knob = aliases.get(name, name)
         assert graph_knobs(options={name: getattr(config, knob)}) == {knob: getattr(config, knob)}

@@ -305,3 +305,33 @@ def test_cold_compile_env_empties_every_cache_inductor_reads(tmp_path):
     for path in proc.stdout.split():
         assert path.startswith(str(tmp_path)), path
     assert env["MINICOMPILE_CACHE_DIR"].startswith(str(tmp_path)) and "MINICOMPILE_DEBUG" not in env
+
+
+def _dynamic_row(stdout: str, workload: str) -> list:
+    return next(line for line in stdout.splitlines() if line.startswith(workload + " ")).split()
+
+
+def test_bench_dynamic_tiny_times_static_and_dynamic_builds():
+    # one workload, minicompile's builds only (Inductor's four compiles take minutes on 2 cores;
+    # the slow test below runs them); the compile counts prove the dynamic build served the
+    # measured size without a recompile
+    proc = run_cli("bench", "--dynamic", "--workloads", "pointwise", "--size", "tiny", "--no-inductor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for column in ("eager ms", "mc static ms", "mc dynamic ms", "mc static/dynamic", "compiles (mc s, mc d)"):
+        assert column in proc.stdout
+    assert "inductor" not in proc.stdout
+    row = _dynamic_row(proc.stdout, "pointwise")
+    assert row[-3:-1] == ["1", "1"], row
+
+
+@pytest.mark.slow
+def test_bench_dynamic_with_inductor_columns():
+    proc = run_cli("bench", "--dynamic", "--workloads", "softmax", "--size", "tiny", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "inductor dynamic ms" in proc.stdout and "ind dyn/mc dyn" in proc.stdout
+    assert _dynamic_row(proc.stdout, "softmax")[-5:-1] == ["1", "1", "1", "1"]
+
+
+def test_bench_dynamic_unknown_workload_is_a_usage_error():
+    proc = run_cli("bench", "--dynamic", "--workloads", "nope")
+    assert proc.returncode == 2 and "unknown workload" in proc.stderr

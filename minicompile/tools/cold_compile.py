@@ -37,6 +37,11 @@ import sys
 import tempfile
 import time
 
+import torch
+
+from minicompile.tools.models import MODELS
+from minicompile.tools.workloads import build_train
+
 IMPORTS = {"minicompile": "minicompile.backend", "inductor": "torch._inductor.compile_fx"}
 
 
@@ -69,8 +74,6 @@ def measure(kind: str, workload: str, size: str, compiler: str, **env) -> dict:
 
 def _first_train_step(name: str, size: str):
     """A training workload's first step (forward + backward) as bench_train.setup makes it."""
-    import torch
-    from minicompile.tools.workloads import build_train
     model, shape = build_train(name, size)
     torch.manual_seed(0)
     x = torch.randn(shape, requires_grad=True)
@@ -83,8 +86,6 @@ def _first_train_step(name: str, size: str):
 
 def _first_inference(name: str, size: str):
     """A real model's first call under no_grad, as bench_models.run_model makes it."""
-    import torch
-    from minicompile.tools.models import MODELS
     model, inputs = MODELS[name].build(size)
     with torch.no_grad():
         model(*inputs)
@@ -99,7 +100,6 @@ FIRST_CALL = {"train": _first_train_step, "models": _first_inference}
 
 
 def run(kind: str, workload: str, size: str, compiler: str) -> dict:
-    import torch
     first_call = FIRST_CALL[kind](workload, size)
     t0 = time.perf_counter()
     importlib.import_module(IMPORTS[compiler])

@@ -4,6 +4,7 @@
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
+    minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
 
 Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--models", action="store_true",
                        help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
                             "--workloads picks models; docs/models.md)")
+    bench.add_argument("--dynamic", action="store_true",
+                       help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
+                            "(docs/dynamic.md)")
     bench.add_argument("--profile", action="store_true", help="with --models: where minicompile's time goes")
     bench.add_argument("--threads", type=int, help="with --models: OMP_NUM_THREADS for the timed processes")
 
@@ -102,6 +106,11 @@ def _bench(args) -> int:
         size = args.size or ("quick" if args.quick else "full")
         names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_train.TRAIN_WORKLOADS)
         return bench_train.run_train_bench(names, size, bench_train.REPS[size], not args.no_inductor, args.json)
+    if args.dynamic:
+        from minicompile.tools import bench_dynamic
+        size = args.size or ("quick" if args.quick else "full")
+        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_dynamic.WORKLOADS)
+        return bench_dynamic.run_dynamic_bench(names, size, bench_dynamic.REPS[size], not args.no_inductor)
     if args.models:
         from minicompile.tools import bench_models
         names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None

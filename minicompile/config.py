@@ -47,6 +47,9 @@ class Config:
     realize_reads_threshold: int = _env("MINICOMPILE_REALIZE_READS", 4, int)
     # A pointwise value whose body has more ops than this is computed once into a buffer.
     realize_opcount_threshold: int = _env("MINICOMPILE_REALIZE_OPS", 30, int)
+    # A pointwise value read twice or more that loads more buffers than this is computed once:
+    # a residual stream x + f(x) inlined block after block would reload every f(x) so far.
+    realize_loads_threshold: int = _env("MINICOMPILE_REALIZE_LOADS", 8, int)
     # Turn the fusion scheduler off (one kernel per realized buffer), for debugging.
     fusion: bool = _env("MINICOMPILE_FUSION", True, bool)
     # An internal compiler error runs the graph eagerly (with a warning) instead of raising.

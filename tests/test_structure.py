@@ -60,7 +60,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # convolutions of NHWC pixels as oneDNN linear (aot/conv_layout.py) ~50.
 # One buffer for a value that an extern or output reads through a view, and reduction kernels
 # joined only by members that share a load (the training step's extra memory passes) added ~26.
-CORE_LINE_BUDGET = 14_975
+# Linear-time scheduling (indexed fusion candidates, ancestor bit masks; tests/test_compile_scaling.py)
+# and realizing a value that loads many buffers added ~33; `minicompile bench --dynamic` in cli.py 9.
+CORE_LINE_BUDGET = 15_020
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -167,6 +167,7 @@ class GraphLowering:
             return value
         rec = _record(value)
         if (users > config.realize_reads_threshold or rec.op_count > config.realize_opcount_threshold
+                or len({r.name for r in rec.reads}) > config.realize_loads_threshold
                 or (self.compute_expensive_once and rec.ops_used & TRANSCENDENTAL)):
             return self.realize_as_node(value, node)
         return value

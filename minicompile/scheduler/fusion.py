@@ -102,14 +102,21 @@ def buffer_reads(buf) -> frozenset:
 
 
 class _Group:
-    def __init__(self, index, first):
+    """Buffers bound for one kernel (or extern call); what the fusion search asks is kept current."""
+
+    def __init__(self, index, first, bit: int):
         self.index = index
         self.nodes = [first]
+        self.names = {first.name}
+        self.mask = bit                           # the members' bits (see schedule's ``bit``)
+        self.single = _single_element(first)      # every member is one element
         self.kernel = None
 
-    @property
-    def names(self):
-        return {n.name for n in self.nodes}
+    def add(self, b, bit: int) -> None:
+        self.nodes.append(b)
+        self.names.add(b.name)
+        self.mask |= bit
+        self.single = self.single and _single_element(b)
 
     @property
     def is_extern(self):
@@ -133,24 +140,26 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
     for before, after in zip(random, random[1:]):
         deps[after].add(before)
+    # ancestor sets as bit masks (one bit per buffer): graph-sized sets per buffer, built and
+    # intersected at machine-word speed (sets of names made this stage quadratic in time)
+    bit = {b.name: 1 << k for k, b in enumerate(buffers)}
     ancestors = {}
     for b in buffers:
-        anc = set(deps[b.name])
+        anc = 0
         for d in deps[b.name]:
-            anc |= ancestors[d]
+            anc |= ancestors[d] | bit[d]
         ancestors[b.name] = anc
     mutated_by = {b.mutates: b.name for b in buffers if isinstance(b, ComputedBuffer) and b.mutates}
     output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
 
     groups, group_of, failures = [], {}, {}
+    readers = {}       # buffer or input name -> the groups with a member that reads it
+    single = []        # groups whose first member is one element
     edges = nx.DiGraph()  # between groups so far: a buffer's group -> the groups of its readers
     for b in buffers:
         placed = None
         if isinstance(b, ComputedBuffer) and config.fusion:
-            candidates = [g for g in reversed(groups) if not g.is_extern and
-                          (deps[b.name] & g.names or reads[b.name] & set().union(*(reads[n.name] for n in g.nodes))
-                           or _single_element(b) and all(_single_element(n) for n in g.nodes))]
-            for g in candidates:
+            for g in _candidates(b, deps, reads, group_of, readers, single):
                 reason = (_group_cycle(g, b, deps, group_of, edges)
                           or _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name))
                 if reason is None:
@@ -158,26 +167,34 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
                     break
                 failures[(g.index, b.name)] = reason
         if placed is None:
-            placed = _Group(len(groups), b)
+            placed = _Group(len(groups), b, bit[b.name])
             groups.append(placed)
+            single += [placed] if placed.single else []
             if isinstance(b, ComputedBuffer):
                 placed.kernel = plan_kernel("", [b])
         else:
-            placed.nodes.append(b)
+            placed.add(b, bit[b.name])
+        for r in reads[b.name]:
+            readers.setdefault(r, {})[placed.index] = placed
         group_of[b.name] = placed
         edges.add_node(placed.index)
         edges.add_edges_from((group_of[d].index, placed.index) for d in deps[b.name] if group_of[d] is not placed)
 
     order = _group_order(groups, group_of, deps)
-    steps, decisions = [], []
-    for k, g in enumerate(order):
+    readers_of = {}
+    for b in buffers:
+        for r in reads[b.name]:
+            readers_of.setdefault(r, []).append(b.name)
+    steps, decisions, externs = [], [], 0
+    for g in order:
         if g.is_extern:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
+            externs += 1
             continue
         kernel = g.kernel
-        kernel.name = _kernel_name(len([s for s in steps if isinstance(s, FusedKernel)]), g.nodes)
+        kernel.name = _kernel_name(len(steps) - externs, g.nodes)
         _build_stages(kernel, deps)
-        _mark_locals(kernel, buffers, reads, output_names, caps.row_scratch)
+        _mark_locals(kernel, readers_of, output_names, caps.row_scratch)
         steps.append(kernel)
     for b in buffers:
         for d in sorted(deps[b.name]):
@@ -187,6 +204,18 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
     return Schedule(steps, caps, reads, decisions, output_names)
+
+
+def _candidates(b, deps, reads, group_of, readers, single) -> list:
+    """The kernels ``b`` may join, most recent first: those holding a buffer it reads, those reading
+    what it reads, and (for one element) those of one-element buffers. Looked up in indexes:
+    walking every group per buffer made scheduling quadratic in the graph's size."""
+    found = {group_of[d].index: group_of[d] for d in deps[b.name]}
+    for r in reads[b.name]:
+        found.update(readers.get(r, {}))
+    if _single_element(b):
+        found.update((g.index, g) for g in single if g.single)
+    return [g for _, g in sorted(found.items(), reverse=True) if not g.is_extern]
 
 
 def _single_element(b) -> bool:
@@ -214,7 +243,7 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
         if r in mutated_by and mutated_by[r] in names:
             return f"reads input {r} that the kernel overwrites"
     for p in deps[b.name] - names:
-        if ancestors[p] & names:
+        if ancestors[p] & g.mask:
             return f"would create a cycle through {p}"
     try:
         kernel = plan_kernel("", g.nodes + [b])
@@ -290,12 +319,12 @@ def _build_stages(kernel: FusedKernel, deps):
     kernel.stages = stages
 
 
-def _mark_locals(kernel: FusedKernel, buffers, reads, output_names, row_scratch: bool):
+def _mark_locals(kernel: FusedKernel, readers_of: dict, output_names, row_scratch: bool):
     stage_of = {n.name: k for k, st in enumerate(kernel.stages) for n in st.nodes}
     for n in kernel.nodes:
         if n.name in output_names or n.mutates:
             continue
-        readers = [b.name for b in buffers if n.name in reads[b.name]]
+        readers = readers_of.get(n.name, [])
         if not all(r in stage_of for r in readers):
             continue
         if kernel.level[n.name] == "inner" and any(stage_of[r] != stage_of[n.name] for r in readers):

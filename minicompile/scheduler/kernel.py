@@ -251,19 +251,23 @@ def _coalesce(ranges):
 
 
 def _merge_loops(kernel: FusedKernel) -> FusedKernel:
-    """Merge adjacent loops whenever every index stays as linear as before."""
+    """Merge adjacent loops whenever every index stays as linear as before. (Evaluating every
+    body's indices is most of the scheduler's time: once per trial, not again for the kernel kept.)"""
+    if len(kernel.outer_ranges) < 2 and len(kernel.inner_ranges) < 2:
+        return kernel
+    before = nonlinear_count(kernel.all_indices())
     for attr in ("outer_ranges", "inner_ranges"):
         k = 0
         while k + 1 < len(getattr(kernel, attr)):
-            before = nonlinear_count(kernel.all_indices())
             ranges = getattr(kernel, attr)
             merged = ranges[:k] + (ranges[k] * ranges[k + 1],) + ranges[k + 2:]
             trial = FusedKernel(kernel.name, kernel.nodes,
                                 merged if attr == "outer_ranges" else kernel.outer_ranges,
                                 merged if attr == "inner_ranges" else kernel.inner_ranges,
                                 level=kernel.level)
-            if nonlinear_count(trial.all_indices()) <= before:
-                kernel = trial
+            after = nonlinear_count(trial.all_indices())
+            if after <= before:
+                kernel, before = trial, after
             else:
                 k += 1
     return kernel

@@ -8,6 +8,8 @@
     workloads.py  the benchmark workloads and their sizes
     bench.py      ``minicompile bench``: one subprocess per workload, the table, JSON, plot
     bench_worker.py  what runs inside each benchmark subprocess
+    cold_compile.py  one compiler's cold compile in a fresh process with every cache empty
+    bench_train.py, bench_models.py, bench_dynamic.py  ``bench --train``, ``--models``, ``--dynamic``
 
 Nothing in the compile pipeline imports this package except ``pipeline._debug_dump``,
 which reuses the printers in artifacts.py (they depend only on the CompiledGraph's fields).

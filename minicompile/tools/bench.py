@@ -1,7 +1,8 @@
 """``minicompile bench``: eager vs minicompile vs Inductor, side by side, one process per workload.
 
-For each workload: a fresh temporary MINICOMPILE_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR,
-a "cold" subprocess (compile from empty caches, then medians of eager / minicompile /
+For each workload: fresh temporary cache directories (every cache either compiler reads,
+tools/cold_compile.cold_env), a "cold" subprocess (compile from empty caches, minicompile
+first, so it pays the process's first-compile costs, then medians of eager / minicompile /
 Inductor), then a "warm" subprocess on the same caches (compile times only). --quick
 measures the warm compile inside the cold process instead, to stay under 3 minutes.
 Prints a table; --json and --plot write machine-readable results and a bar chart.
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from minicompile.tools.cold_compile import cold_env
 from minicompile.tools.workloads import WORKLOADS
 
 REPS = {"full": 30, "quick": 7, "tiny": 3}
@@ -102,9 +104,7 @@ def run_worker(workload, size, phase, reps, device, inductor, warm_in_process, e
 
 def bench_workload(name, size, reps, device, inductor, quick, bar) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicompile-bench-") as tmp:
-        env = dict(os.environ, MINICOMPILE_CACHE_DIR=os.path.join(tmp, "minicompile"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
-        env.pop("MINICOMPILE_DEBUG", None)
+        env = cold_env(tmp)
         cold = run_worker(name, size, "cold", reps, device, inductor, quick, env, bar)
         if "error" in cold or quick:
             return cold

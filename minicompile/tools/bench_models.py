@@ -1,7 +1,9 @@
 """``minicompile bench --models``: eager vs minicompile vs Inductor on the models of tools/models.py.
 
-One process per model, each with fresh MINICOMPILE_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR:
-the compile times are cold (the first call, Dynamo included). Inside the process the three
+One process per model, each with fresh caches (tools/cold_compile.cold_env). Compile times
+are each compiler's cold first call (Dynamo included), measured alone in a fresh process
+whose every cache is empty (tools/cold_compile.py lists them): in the timing process the
+second compiler would find Dynamo warm. Inside the timing process the three
 callables take turns (``bench.time_interleaved``), inference under ``torch.no_grad()`` in
 eval mode, so a noisy neighbour slows all three alike; the table gives medians and the
 ratios minicompile / eager and minicompile / Inductor (below 1: minicompile is faster),
@@ -24,6 +26,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from minicompile.tools import cold_compile
+from minicompile.tools.cold_compile import cold_env
 from minicompile.tools.bench import _render, machine_info, time_interleaved
 from minicompile.tools.bench_worker import max_diff
 from minicompile.tools.models import MODELS
@@ -72,7 +76,7 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool) ->
             except Exception as e:  # one failing column must not lose the others
                 result[col] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
                 continue
-            result[col] = {"compile_s": secs, "max_abs_diff": max_diff(out, expected)}
+            result[col] = {"inprocess_compile_s": secs, "max_abs_diff": max_diff(out, expected)}
             steps[col] = (lambda c: lambda: c(*inputs))(compiled)
         for fn in steps.values():  # warm: the first timed call is not anyone's first
             fn()
@@ -88,12 +92,19 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool) ->
 # ---------------------------------------------------------------- the parent
 
 def run_worker(name, size, reps, inductor, profile, threads=None) -> dict:
+    """The model timed in one process, then each compiler's cold compile in a process of its own."""
+    threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+    result = _timed_worker(name, size, reps, inductor, profile, threads_env)
+    if "error" not in result:
+        for col in COLUMNS[1:] if inductor else COLUMNS[1:2]:
+            if "error" not in result.get(col, {}):
+                result[col].update(cold_compile.measure("models", name, size, col, **threads_env))
+    return result
+
+
+def _timed_worker(name, size, reps, inductor, profile, threads_env) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicompile-models-") as tmp:
-        env = dict(os.environ, MINICOMPILE_CACHE_DIR=os.path.join(tmp, "mc"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), HF_HUB_OFFLINE="1")
-        if threads:
-            env["OMP_NUM_THREADS"] = str(threads)
-        env.pop("MINICOMPILE_DEBUG", None)
+        env = cold_env(tmp, **threads_env)
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.bench_models", "--worker", name, "--size", size,
                "--reps", str(reps), "--result", out] + ([] if inductor else ["--no-inductor"]) + \
@@ -142,7 +153,8 @@ def format_table(results: list, info: dict) -> str:
     rows.append(["geomean", "", "", "", "", _fmt(_geomean([_ratio(r, "minicompile", "eager") for r in ok])),
                  _fmt(_geomean([_ratio(r, "minicompile", "inductor") for r in ok])), "", ""])
     lines = [f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads); "
-             f"inference, no_grad, eval; medians of {info['reps']} interleaved calls; compile = cold first call",
+             f"inference, no_grad, eval; medians of {info['reps']} interleaved calls; compile = each compiler's "
+             "first call alone in a fresh process, every cache empty",
              "", _render(rows)]
     errors = [f"{r['model']} {col}: {r[col]['error']}" for r in ok for col in COLUMNS[1:]
               if "error" in (r.get(col) or {})]

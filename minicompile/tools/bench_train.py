@@ -5,9 +5,11 @@ A step is one forward and one backward (``out.backward(grad_out)`` with a fixed 
 ``grad_out``; no optimizer; gradients set to None between steps, outside the timed region).
 Three copies of each model start from the same weights: one runs eagerly, one through
 ``torch.compile(model, backend="minicompile")``, one through ``torch.compile(model)``
-(Inductor). Compile time is the first step (forward and backward graphs both compile then),
-from empty caches: fresh minicompile and TORCHINDUCTOR_CACHE_DIR directories per run, and
-no eager fallback for compile errors. Every repetition times one step of each column in turn,
+(Inductor). Compile time is each compiler's first step (forward and backward graphs both
+compile then) measured cold: alone in a fresh process whose every cache is empty
+(tools/cold_compile.py says which caches that takes), with no eager fallback for compile
+errors. The timed columns compile again in this process (their compile time is kept in the
+JSON as ``inprocess_compile_s``; it is warm for all but the first workload). Every repetition times one step of each column in turn,
 starting at another column each time (tools/bench.time_interleaved). After the timed steps,
 each compiled column's gradients are compared with eager's.
 
@@ -36,6 +38,7 @@ import time
 import torch
 
 from minicompile.config import patch
+from minicompile.tools import cold_compile
 from minicompile.tools.bench import _render, machine_info, time_interleaved
 from minicompile.tools.workloads import TRAIN_WORKLOADS, build_train
 
@@ -114,10 +117,18 @@ def setup(name: str, size: str, columns: tuple) -> dict:
         step = make_step(COMPILERS[col](m), m, xc, grad_out)
         t0 = time.perf_counter()
         step()   # compiles the forward, then the backward
-        result[col] = dict(model=m, x=xc, step=step, compile_s=time.perf_counter() - t0)
-        if col != "eager":
-            print(f"  {name} {col}: compiled in {result[col]['compile_s']:.1f} s", file=sys.stderr, flush=True)
+        result[col] = dict(model=m, x=xc, step=step, inprocess_compile_s=time.perf_counter() - t0)
     return result
+
+
+def cold_compiles(name: str, size: str, columns: tuple) -> dict:
+    """Each compiler's cold compile of ``name``, each in its own fresh process (tools/cold_compile.py)."""
+    cold = {}
+    for col in columns[1:]:
+        cold[col] = cold_compile.measure("train", name, size, col, MINICOMPILE_FALLBACK="0")
+        shown = f"{cold[col]['compile_s']:.1f} s" if "compile_s" in cold[col] else cold[col]["error"]
+        print(f"  {name} {col}: cold compile {shown}", file=sys.stderr, flush=True)
+    return cold
 
 
 def run(name: str, size: str, reps: int, columns: tuple) -> dict:
@@ -141,15 +152,18 @@ def run(name: str, size: str, reps: int, columns: tuple) -> dict:
     for c in cols.values():
         grads = [c["x"].grad] + [p.grad for p in c["model"].parameters()]
         c["max_diff"] = max((g - r).abs().max().item() for g, r in zip(grads, ref_grads))
+    cold = cold_compiles(name, size, columns)
     return {"workload": name, "eager_graphs": eager_graphs.reasons,
-            **{col: {k: c[k] for k in ("median_s", "compile_s", "saved", "max_diff")} for col, c in cols.items()}}
+            **{col: {**{k: c[k] for k in ("median_s", "inprocess_compile_s", "saved", "max_diff")}, **cold.get(col, {})}
+               for col, c in cols.items()}}
 
 
 def format_table(results: list, info: dict) -> str:
     ind = "inductor" in results[0]
+    per_col = " / ind" if ind else ""
     rows = [["model", "eager ms", "minicompile ms"] + (["inductor ms", "mc / ind"] if ind else []) +
-            ["mc / eager", "compile s mc" + (" / ind" if ind else ""),
-             "saved KiB eager / mc" + (" / ind" if ind else ""), "max |grad diff| mc" + (" / ind" if ind else "")]]
+            ["mc / eager", "cold compile s mc" + per_col] + (["compile mc / ind"] if ind else []) +
+            ["saved KiB eager / mc" + per_col, "max |grad diff| mc" + per_col]]
     cols = ("eager", "minicompile", "inductor") if ind else ("eager", "minicompile")
     for r in results:
         ms = {k: r[k]["median_s"] * 1e3 for k in cols}
@@ -157,18 +171,30 @@ def format_table(results: list, info: dict) -> str:
         rows.append([name, f"{ms['eager']:.2f}", f"{ms['minicompile']:.2f}"] +
                     ([f"{ms['inductor']:.2f}", f"{ms['inductor'] / ms['minicompile']:.2f}x"] if ind else []) +
                     [f"{ms['eager'] / ms['minicompile']:.2f}x",
-                     " / ".join(f"{r[k]['compile_s']:.1f}" for k in cols[1:]),
-                     " / ".join(f"{r[k]['saved'] / 1024:.0f}" for k in cols),
+                     " / ".join(_cold(r[k]) for k in cols[1:])] + ([_cold_ratio(r)] if ind else []) +
+                    [" / ".join(f"{r[k]['saved'] / 1024:.0f}" for k in cols),
                      " / ".join(f"{r[k]['max_diff']:.1e}" for k in cols[1:])])
     lines = [f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads); "
              f"float32, forward + backward per step, medians of {info['reps']} interleaved steps"
-             + ("; mc / ind > 1: minicompile faster" if ind else "")]
+             + ("; mc / ind > 1: minicompile faster" if ind else "")
+             + "; cold compile: the first step alone in a fresh process, every cache empty"]
     lines += [f"  {r['workload']}: {TRAIN_WORKLOADS[r['workload']].describe(TRAIN_WORKLOADS[r['workload']].sizes[info['size']])}"
               for r in results]
     lines += ["", _render(rows)]
+    lines += [f"{r['workload']} {k} cold compile: {r[k]['error']}" for r in results for k in cols[1:]
+              if "error" in r[k]]
     lines += [f"{r['workload']}: minicompile ran {len(r['eager_graphs'])} graph(s) eagerly: "
               + "; ".join(sorted(set(r["eager_graphs"]))) for r in results if r["eager_graphs"]]
     return "\n".join(lines) + "\n"
+
+
+def _cold(col: dict) -> str:
+    return f"{col['compile_s']:.1f}" if "compile_s" in col else "error"
+
+
+def _cold_ratio(r: dict) -> str:
+    mc, ind = r["minicompile"].get("compile_s"), r["inductor"].get("compile_s")
+    return f"{mc / ind:.2f}" if mc and ind else "-"
 
 
 def run_train_bench(names: list, size: str, reps: int, inductor: bool = True, json_path: str | None = None) -> int:

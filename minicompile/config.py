@@ -66,7 +66,8 @@ class Config:
     # onednn_linear_min_weight elements run as oneDNN's linear (aot/cpu_policy.py); 0: always MKL's mm.
     onednn_linear_max_rows: int = _env("MINICOMPILE_ONEDNN_LINEAR_MAX_ROWS", 256, int)
     onednn_linear_min_weight: int = _env("MINICOMPILE_ONEDNN_LINEAR_MIN_WEIGHT", 1 << 22, int)
-    # Inference on CPU: NCHW float32 convolutions get channels-last inputs (aot/conv_layout.py).
+    # CPU float32 convolutions run channels-last: inference (aot/conv_layout.py) and training,
+    # forward and backward (aot/conv_layout_train.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
     # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
     # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.

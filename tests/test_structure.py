@@ -53,7 +53,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # mark_dynamic) added ~190: 14231 measured with all of them.
 # Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
-CORE_LINE_BUDGET = 14_460
+# Channels-last convolutions through training's forward and backward (aot/conv_layout_train.py and
+# its hook in aot/joint.py) added ~130.
+CORE_LINE_BUDGET = 14_590
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

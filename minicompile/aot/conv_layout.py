@@ -15,7 +15,8 @@ the ones Dynamo recorded for eager (``meta["example_value"]``) is cloned back in
 layout (contiguous or channels-last). If an output's eager strides are neither, or the
 channels-last trace fails (a ``view`` that only NCHW allows), the graph is traced again
 without the conversion. Training graphs never see it: the claim only acts inside
-``functionalize_channels_last``, and the training backend compiles both halves with it off. ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
+``functionalize_channels_last``, and the training backend compiles both halves with it off
+(aot/conv_layout_train.py chooses their layout). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
 """
 from __future__ import annotations
 

@@ -54,8 +54,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Generator functions inlined lazily in the front end (LazyIter over a suspended Frame, yield from,
 # lazy zip/enumerate/map/filter over them) and @contextlib.contextmanager with-blocks added ~210.
 # Channels-last convolutions through training's forward and backward (aot/conv_layout_train.py and
-# its hook in aot/joint.py) added ~130.
-CORE_LINE_BUDGET = 14_590
+# its hook in aot/joint.py) added ~130; max pooling's indices saved as int8 window offsets
+# (aot/pool_offsets.py) ~105.
+CORE_LINE_BUDGET = 14_695
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -91,7 +91,9 @@ def tangents_like(tangents: list, outputs: list) -> list:
 
 
 def restore_grads(grads: tuple, primals: list) -> list:
-    """A gradient dense in one layout while its input is dense in the other: cloned into the input's."""
+    """A gradient dense in one layout while its input is dense in the other: cloned into the input's
+    exact strides (a 1 x 1 convolution's weight gradient too, whose layouts differ only in the
+    strides of size-1 dims; eager is not consistent there, and no reader depends on them)."""
     restored = []
     for g, p in zip(grads, primals):
         if isinstance(g, torch.Tensor) and g.stride() != p.stride():

@@ -68,7 +68,8 @@ class Config:
     # CPU float32 matrix products: "auto" runs each shape with MKL's sgemm (aten.mm) or oneDNN's
     # matmul, whichever measured faster on this machine (aot/cpu_policy.py); "mkl" or "onednn" pins it.
     cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")
-    # Inference on CPU: NCHW float32 convolutions get channels-last inputs (aot/conv_layout.py).
+    # CPU float32 convolutions run channels-last: inference (aot/conv_layout.py) and training,
+    # forward and backward (aot/conv_layout_train.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
     # Inference on CPU: values computed from parameters and buffers alone (channels-last weights,
     # BatchNorm folded into the convolution before it) are computed once per version of those

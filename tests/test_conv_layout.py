@@ -120,20 +120,6 @@ def test_transposed_output_is_written_in_memory_order():
     out, _ = compile_with_dynamo(fn, a, b)
     assert_matches_eager(out, fn(a, b))
 
-
-def test_training_halves_keep_eager_layout(fresh_dynamo):
-    # channels-last is an inference layout here: in a training forward it converted every call
-    # and left the backward's convolutions on mixed layouts (slower than Inductor's step)
-    torch.manual_seed(0)
-    model, x = ConvChain(), torch.randn(2, 3, 12, 10)
-    rec = Recorder()
-    out, pooled = torch.compile(model, backend=rec)(x)
-    (out.sum() + pooled.sum()).backward()
-    (graph,) = rec.training
-    assert graph.backward is not None
-    assert _clones_to_channels_last(graph.forward) == _clones_to_channels_last(graph.backward) == 0
-
-
 @pytest.mark.parametrize("bias", [False, True])
 def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise") or not torch.backends.mkldnn.is_available():

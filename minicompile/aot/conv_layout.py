@@ -17,8 +17,10 @@ channels-last trace fails (a ``view`` that only NCHW allows), the graph is trace
 without the conversion. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
 is then a matrix product of the (N*H*W, C) pixels with the (C_out, C) weight: it runs as
 oneDNN's linear (``pointwise_convs_as_linear``), twice as fast as the convolution at batch 2
-on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16. Training graphs never see it: the claim only acts inside
-``functionalize_channels_last``, and the training backend compiles both halves with it off. ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
+on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16.
+Training graphs never see it: the claim only acts inside ``functionalize_channels_last``, and
+the training backend compiles both halves with it off (aot/conv_layout_train.py chooses their
+layout). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
 """
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ and data-dependent sizes in the joint graph.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, S
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
+from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
 
 aten = torch.ops.aten
 
@@ -81,12 +83,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
         tangents = [torch.empty(outputs[i].shape, dtype=outputs[i].dtype, device=outputs[i].device)
                     for i in diff_outputs]
     ctx.fake_inputs = primals + tangents
-    joint_fn = _joint_function(gm, len(primals), grad_inputs, diff_outputs)
-    with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
-        try:
-            graph = trace._make_fx(joint_fn, ctx)
-        except GuardOnDataDependentSymNode as e:
-            raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
+    graph = _trace_channels_last(gm, ctx, outputs, grad_inputs, diff_outputs)
     _check_static(graph)
     _drop_detach(graph)
     _functionalize_input_mutations(graph)
@@ -98,12 +95,43 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
     return JointGraph(graph, len(primals), len(outputs), grad_inputs, diff_outputs)
 
 
-def _joint_function(gm, num_primals: int, grad_inputs: tuple, diff_outputs: tuple):
+def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple):
+    """The joint graph with CPU convolutions channels-last (aot/conv_layout_train.py); as the user
+    wrote it if that layout fails (a view only NCHW allows, an output layout a clone cannot restore)."""
+    shape = (gm, len(ctx.fake_inputs) - len(diff_outputs), eager_outputs, grad_inputs, diff_outputs)
+    mode = layout_mode()
+    try:
+        return _trace(_joint_function(*shape, mode), ctx)
+    except Exception:
+        if mode is None or not mode.claimed:
+            raise
+    return _trace(_joint_function(*shape, None), ctx)
+
+
+def _trace(joint_fn, ctx):
+    with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
+        try:
+            return trace._make_fx(joint_fn, ctx)
+        except GuardOnDataDependentSymNode as e:
+            raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
+
+
+def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple, mode=None):
+    """``mode``: None, or the channels-last mode the forward runs under; outputs and gradients
+    it changed get eager's layouts back (``eager_outputs``: the forward's outputs traced without it)."""
+
     def joint(*args):
         primals = args[:num_primals]
-        outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+        with mode if mode is not None else contextlib.nullcontext():
+            outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+        tangents = list(args[num_primals:])
+        if mode is not None and mode.claimed:
+            tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])
+            outputs = restore_outputs(outputs, eager_outputs)
         grads = torch.autograd.grad([outputs[i] for i in diff_outputs], [primals[i] for i in grad_inputs],
-                                    list(args[num_primals:]), allow_unused=True)
+                                    tangents, allow_unused=True)
+        if mode is not None and mode.claimed:
+            grads = restore_grads(grads, [primals[i] for i in grad_inputs])
         return (*outputs, *grads)
     return joint
 

@@ -14,6 +14,8 @@ copies, creation) may be recomputed, in chains of at most MAX_RECOMPUTE_DEPTH op
 convolutions, reductions, random ops and externs are always computed once, in the forward.
 The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go to the forward
 graph, so BatchNorm's running statistics are updated once per forward, as eager does.
+Max pooling's int64 indices are first rewritten so that one byte per output is what there is
+to save (aot/pool_offsets.py).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.fx
 
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
+from minicompile.aot.pool_offsets import compress_pool_indices
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
 
 # The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
@@ -74,6 +77,7 @@ class Partition:
 def partition(joint: JointGraph, mode: str = "min_cut") -> Partition:
     if mode not in CHOOSERS:
         raise ValueError(f"minicompile: unknown partitioner {mode!r}; choose one of {sorted(CHOOSERS)}")
+    compress_pool_indices(joint.graph)   # max pooling's indices: int8 window offsets to save
     view = JointView(joint)
     in_backward = CHOOSERS[mode](view)
     full = view.boundary(view.tangent_dependent)

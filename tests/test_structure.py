@@ -62,10 +62,11 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # joined only by members that share a load (the training step's extra memory passes) added ~26.
 # Linear-time scheduling (indexed fusion candidates, ancestor bit masks; tests/test_compile_scaling.py)
 # and realizing a value that loads many buffers added ~33; `minicompile bench --dynamic` in cli.py 9.
+# Off-by-default prepared weights and its freezing alias, and the merges' joined docstrings, ~15.
 # Channels-last convolutions through training's forward and backward (aot/conv_layout_train.py and
 # its hook in aot/joint.py) added ~130; max pooling's indices saved as int8 window offsets
 # (aot/pool_offsets.py) ~105.
-CORE_LINE_BUDGET = 15_255
+CORE_LINE_BUDGET = 15_270
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -96,7 +96,7 @@ def test_symbols_show_in_the_loop_ir_the_kernel_and_the_wrapper(compiles, fresh_
     assert f"#pragma omp parallel for if(32*{sym} >= " in c.kernel_source  # threads decided at run time
     assert "#pragma omp simd" in c.kernel_source                       # the inner loop stays vectorised
     assert f"{sym}, arg1 = args" in c.wrapper_source            # Dynamo passes the size itself
-    assert f"empty_strided(({sym}, 32), (32, 1)" in c.wrapper_source  # buffers sized at call time
+    assert f"pooled_if_large(({sym}, 32), (32, 1)" in c.wrapper_source  # buffers sized at call time
 
 
 def test_unprovable_index_math_compiles_per_shape_with_correct_results(compiles, fresh_dynamo, caplog):

@@ -187,9 +187,8 @@ def use_fused_cpu_attention(query, key) -> bool:
     """
     threshold = config.fused_attention_min_scores
     shape = (*query.shape[:-1], key.shape[-2])
-    if threshold <= 0 or not all(isinstance(n, int) for n in shape):
-        return False
-    return math.prod(shape) >= threshold
+    # a symbolic size is judged at its hint: either choice is right for every size
+    return threshold > 0 and math.prod(_hint(n) for n in shape) >= threshold
 
 
 def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):

@@ -131,6 +131,7 @@ class WrapperCode:
             "import torch.autograd.profiler as autograd_profiler",
             "",
             "from minicompile.runtime.host_pool import take as pooled  # large CPU buffers nobody holds any more",
+            "from minicompile.runtime.host_pool import empty_strided as pooled_if_large  # a symbolic size: decided per call",
             "from minicompile.runtime.profiling import graph_event_name, record_function",
             "",
             "empty_strided = torch.empty_strided",
@@ -182,8 +183,10 @@ class WrapperCode:
             return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
                 f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
         nbytes = lay.storage_numel() * lay.dtype.itemsize
-        # decided here, not on every call (a symbolic size: never pooled)
-        if lay.device.type == "cpu" and not isinstance(nbytes, Expr) and nbytes >= host_pool.MIN_BYTES:
+        # decided here, not on every call, unless the size is symbolic
+        if lay.device.type == "cpu" and isinstance(nbytes, Expr):
+            return f"{n.name} = pooled_if_large({lay.size}, {lay.stride}, dtype={lay.dtype}, device=torch.device('cpu'))"
+        if lay.device.type == "cpu" and nbytes >= host_pool.MIN_BYTES:
             return f"{n.name} = pooled({lay.size}, {lay.stride}, {lay.dtype}, {nbytes})"
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")

@@ -78,17 +78,18 @@ def _layout(t) -> str:
     return "row" if t.stride(1) == 1 else "column" if t.stride(0) == 1 else "strided"
 
 
-@functools.lru_cache(maxsize=None)
 def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
+    """library_choice keeps the answer (in this process and on disk); the operands are only
+    made when it measures."""
     def operand(rows, cols, layout):
         return torch.randn(cols, rows).t() if layout == "column" else torch.randn(rows, cols)
+    operands = functools.cache(lambda: (operand(m, k, layout1), operand(k, n, layout2)))
+    linear = torch.ops.mkldnn._linear_pointwise.default
     key = cache.digest("gemm", torch.__version__, cpu_name(), str(torch.get_num_threads()),
                        f"{m}x{k}x{n}", layout1, layout2)
     with _real_tensors():
-        a, b = operand(m, k, layout1), operand(k, n, layout2)
-        linear = torch.ops.mkldnn._linear_pointwise.default
-        return library_choice(key, {"mkl": lambda: torch.mm(a, b),
-                                    "onednn": lambda: linear(a, b.t(), None, "none", [], "")},
+        return library_choice(key, {"mkl": lambda: torch.mm(*operands()),
+                                    "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")},
                               f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})")
 
 

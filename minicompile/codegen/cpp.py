@@ -340,6 +340,16 @@ class CppKernel(KernelRenderer):
     def ops(self, lines: list, known: dict) -> CppOps:
         return self._ops(known, lines, trig_args=self.trig_args)
 
+    def emit_stage(self, ops, nodes, accs, known) -> None:
+        """A stage's body: each reduction accumulates into its ``accs`` entry; each value is
+        stored, or kept in ``known`` for the members that read it."""
+        for n in nodes:
+            value = self.evaluate(ops, n)
+            if isinstance(n.data, Reduction):
+                self._accumulate(ops, n, value, accs[n.name])
+            else:
+                self.store_or_keep(ops, n, value, known)
+
     def store_or_keep(self, ops, n, value, known):
         where = self.k.store_index(n)
         if n.name in self.k.local:
@@ -359,12 +369,7 @@ class CppKernel(KernelRenderer):
         loop_known = dict(known)
         ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()},
                         before_loop=before_loop, loop_vars=set(self.k.inner_vars))
-        for n in stage.nodes:
-            value = self.evaluate(ops, n)
-            if isinstance(n.data, Reduction):
-                self._accumulate(ops, n, value, accs[n.name])
-            else:
-                self.store_or_keep(ops, n, value, loop_known)
+        self.emit_stage(ops, stage.nodes, accs, loop_known)
         post += self._reduction_results(reds, accs, known)
         pre += before_loop
         if self.inner_parallel:

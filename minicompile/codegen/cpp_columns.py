@@ -61,12 +61,7 @@ def render_columns(ck, x, nest) -> list:
     lanes = {name: (f"{acc}[{x.name} - {block}]", dt) for name, (acc, dt) in accs.items()}
     body, per_row, known = [], [], {}
     ops = ck._ops(known, body, invariant=set(), before_loop=per_row, loop_vars={x})
-    for n in stage.nodes:
-        value = ck.evaluate(ops, n)
-        if isinstance(n.data, Reduction):
-            ck._accumulate(ops, n, value, lanes[n.name])
-        else:
-            ck.store_or_keep(ops, n, value, known)
+    ck.emit_stage(ops, stage.nodes, lanes, known)
     init = [f"{lanes[n.name][0]} = {ck.identity(n.data.reduction_type, lanes[n.name][1])};" for n in reds]
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
     out = [f"{CTYPE[dt]} {acc}[{width}];" for acc, dt in accs.values()]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from minicompile.decomp.registry import DECOMPOSITIONS
@@ -62,3 +63,9 @@ def test_float64_reference_still_catches_a_wrong_bf16_gradient(monkeypatch):
     prog = fuzz_train.fuzz.Program([fuzz_train.fuzz.Input((4, 5), torch.bfloat16, "contiguous", 1)],
                                    ["v1 = torch.tanh(v0)"], ["v1"], seed=1)
     assert "grad of input 0" in (fuzz_train.check_batch([prog]) or "")
+
+
+@pytest.mark.parametrize("seed", [710479, 711323, 711780])
+def test_programs_whose_externs_read_views_match_eager(seed, tmp_path):
+    # matmul of a transposed/sliced view: extern arguments realized through views read wrong memory
+    assert not fuzz_train.run(seed=seed, n=1, batch=1, repro_dir=str(tmp_path), log=lambda *a: None)

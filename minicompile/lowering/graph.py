@@ -177,7 +177,7 @@ class GraphLowering:
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
             if isinstance(value, TensorValue) and not isinstance(value, StorageView):
-                self.env[n] = self.realize_through_views(value, n)
+                self.env[n] = self.realize_as_node(value, n)
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
 
@@ -220,7 +220,7 @@ class GraphLowering:
                 self.outputs.append(out)
 
     def realize_through_views(self, value: TensorValue, node) -> StorageView:
-        """Memory for ``node``'s value with eager's strides (outputs, extern arguments). A view of a lazy value realizes the
+        """Memory for ``node``'s value with eager's strides (outputs). A view of a lazy value realizes the
         value it views (once: the viewed node's env entry becomes that memory) and returns a view
         of it, as eager aliases them. Realizing the view itself instead gave the viewed value no
         memory, so its other readers stored it a second time (a softmax read by a bmm through a
@@ -235,7 +235,7 @@ class GraphLowering:
                     self.env[root_node] = base
                 meta = node.meta["val"]
                 view = StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
-                if _at_least(view.buffer.layout.storage_numel(), _view_extent(view)):
+                if _same_memory(base, root_node.meta["val"]) and _at_least(view.buffer.layout.storage_numel(), _view_extent(view)):
                     return view
         return self.realize_as_node(value, node)
 
@@ -289,6 +289,14 @@ def _aliases(node, root_node) -> bool:
     a, b = node.meta.get("val"), root_node.meta.get("val")
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage()))
+
+
+def _same_memory(base: StorageView, root_meta) -> bool:
+    """``base`` lays its elements out as eager's tensor does (strides, no offset): only then do
+    eager's view strides and offset, taken relative to that storage, address ``base``'s buffer.
+    A root realized with other strides (eager's were not dense) would be read wrongly."""
+    return (base.offset == 0 and tuple(base.stride) == tuple(strides_of(root_meta))
+            and sym_value(root_meta.storage_offset()) == 0 and tuple(base.buffer.layout.stride) == tuple(base.stride))
 
 
 def _view_extent(view: StorageView) -> int:

@@ -65,8 +65,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Off-by-default prepared weights and its freezing alias, and the merges' joined docstrings, ~15.
 # Channels-last convolutions through training's forward and backward (aot/conv_layout_train.py and
 # its hook in aot/joint.py) added ~130; max pooling's indices saved as int8 window offsets
-# (aot/pool_offsets.py) ~105.
-CORE_LINE_BUDGET = 15_270
+# (aot/pool_offsets.py) ~105. The same-memory check before an output is viewed through its
+# realized root (lowering/graph.py) 7.
+CORE_LINE_BUDGET = 15_277
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -145,6 +145,17 @@ SAMPLES = [
     Sample("pad", lambda a: F.pad(a, (1, 2, 0, 3), value=0.5), x(*S)),
     Sample("pad_negative", lambda a: F.pad(a, (-2, 1)), x(*S)),
     Sample("squeeze", lambda a: a.unsqueeze(0).squeeze(0) + a.view(a.shape[0], 1, a.shape[1]).squeeze(1), x(*S)),
+    Sample("repeat", lambda a: a.repeat(2, 1, 3) * 2, x(1, 8, 5)),
+    Sample("repeat_expand_rank", lambda a, b: a[:, :1].repeat(3, 1, 4) + b, xy(S, (3, 8, 4))),
+    Sample("roll", lambda a: torch.roll(a, (3, -5), (0, 1)).exp(), x(*S)),
+    Sample("roll_flat", lambda a: torch.roll(a.relu(), 7) + 1, x(*S)),
+    # a reshape of a permute: loops split where the indices divide them (Swin's patch merging)
+    Sample("patch_merge", lambda a: (a + 1).view(2, 2, 2, 2, 2, 4).permute(0, 1, 3, 4, 2, 5).reshape(2, 4, 16)
+           .softmax(-1), x(2, 16, 4), fixed=(2, 16, 4)),
+    Sample("max_pool2d", lambda a: F.max_pool2d(torch.relu(a * 2 - 0.5), 3, 2, 1), x(2, 3, 9, 8)),
+    Sample("max_pool2d_ceil", lambda a: F.max_pool2d(a, 2, 3, 1, ceil_mode=True), x(1, 2, 8, 7)),
+    Sample("max_pool2d_dilated", lambda a: F.max_pool2d(a, (3, 2), (1, 2), (1, 0), dilation=(2, 1)), x(1, 2, 9, 8)),
+    Sample("max_pool2d_nan", lambda a: F.max_pool2d(torch.where(a > 1.5, torch.nan, a), 2), x(2, 2, 8, 8)),
     # creation
     Sample("arange", lambda a: a + torch.arange(16), x(*S), fixed=(16,)),
     Sample("zeros_ones_full", lambda a: torch.zeros_like(a) + torch.ones_like(a) * torch.full_like(a, 3.0), x(*S)),

@@ -511,7 +511,7 @@ class CppBackend:
     name = "cpp"
     # The wrapper passes ``t.data_ptr()``; a per-row value read by a later loop is kept in a
     # row-sized array.
-    caps = BackendCaps(row_scratch=True, pass_pointers=True)
+    caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True)
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel."""

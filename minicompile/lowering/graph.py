@@ -160,7 +160,13 @@ class GraphLowering:
         return self.extern(node, args, kwargs, reason)
 
     def _maybe_realize(self, value, node):
-        if not isinstance(value, Lazy):
+        """A lazy value (or a view of one) read by several nodes gets memory when recomputing it
+        in each reader would cost more than storing it: many readers, many ops, many buffers
+        loaded, or a transcendental op where the backend keeps rows in scratch arrays. A view
+        counts as what it views: Swin's patch merging reads the residual stream through a
+        reshape of a permute, and its LayerNorm recomputed the whole roll/window chain in each
+        of its three passes until the view itself was stored (once, as a row in scratch)."""
+        if not isinstance(value, Lazy) and not (isinstance(value, ReindexView) and _views_lazy(value)):
             return value
         users = len(node.users)
         if users <= 1:
@@ -282,6 +288,12 @@ def _view_root(value, node):
         value = value.base
         node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
     return value, node
+
+
+def _views_lazy(value: ReindexView) -> bool:
+    while isinstance(value, ReindexView):
+        value = value.base
+    return isinstance(value, Lazy)
 
 
 def _aliases(node, root_node) -> bool:

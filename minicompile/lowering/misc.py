@@ -151,6 +151,52 @@ def cat(lw, node, tensors, dim=0):
     return Lazy(dtype, meta.device, size, body, [node.name])
 
 
+@register_lowering(aten.repeat.default)
+def repeat(lw, node, x, repeats):
+    """``x`` tiled ``repeats`` times along each dimension: output index i reads ``i mod size`` (a copy,
+    inlined into its readers: Swin's attention mask repeated over the batch costs no pass)."""
+    size = shape_of(node.meta["val"])
+    lead = len(size) - len(x.size)
+    load = x.loader()
+
+    def source(idx):
+        out = []
+        for k, n in enumerate(x.size):
+            i = Expr.of(idx[lead + k])
+            out.append(i if repeats[lead + k] == 1 else Expr.of(0) if n == 1 else i % _static_size(n, "repeat"))
+        return out
+    if any(s == 0 for s in size):
+        return constant_value(node, 0)
+    return Lazy(x.dtype, x.device, size, lambda ops, idx: load(ops, source(idx)), [node.name])
+
+
+@register_lowering(aten.roll.default)
+def roll(lw, node, x, shifts, dims=()):
+    """``x`` rotated: output index i along a rolled dimension of size n reads ``(i - shift) mod n``."""
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims or len(dims) != len(shifts):
+        raise Unsupported("roll of the flattened tensor")
+    ndim = len(x.size)
+    moves = {}
+    for d, s in zip(dims, shifts):
+        d = d + ndim if d < 0 else d
+        n = _static_size(x.size[d], "roll")
+        if n:
+            moves[d] = (moves.get(d, 0) - s) % n
+    load = x.loader()
+
+    def source(idx):
+        return [(Expr.of(i) + moves[d]) % x.size[d] if moves.get(d) else i for d, i in enumerate(idx)]
+    return Lazy(x.dtype, x.device, tuple(x.size), lambda ops, idx: load(ops, source(idx)), [node.name])
+
+
+def _static_size(n, what):
+    if isinstance(n, Expr):
+        raise NotSymbolic(f"a {what} over a dimension of symbolic size {n}")
+    return n
+
+
 @register_lowering(aten.constant_pad_nd.default)
 def constant_pad_nd(lw, node, x, pad, value=0):
     meta = node.meta["val"]

@@ -13,3 +13,5 @@ from dataclasses import dataclass
 class BackendCaps:
     row_scratch: bool     # a per-row value read by a later loop of its kernel can live in a row-sized array
     pass_pointers: bool   # kernels take raw data pointers (the wrapper passes t.data_ptr()), not tensors
+    split_loops: bool = False  # loops split where indices divide them (nested loops gain unit-stride
+    #                            inner loops; a flat Triton index would unravel them again for nothing)

@@ -21,7 +21,7 @@ from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, MultiOutput, Red
                                   iteration_vars, prod)
 from minicompile.ir.ops import RecordOps
 from minicompile.scheduler.caps import BackendCaps
-from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel
+from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, split_loops
 
 
 @dataclass
@@ -191,7 +191,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
             externs += 1
             continue
-        kernel = g.kernel
+        kernel = g.kernel = split_loops(g.kernel) if caps.split_loops else g.kernel
         kernel.name = _kernel_name(len(steps) - externs, g.nodes)
         _build_stages(kernel, deps)
         _mark_locals(kernel, readers_of, output_names, caps.row_scratch)

@@ -271,3 +271,61 @@ def _merge_loops(kernel: FusedKernel) -> FusedKernel:
             else:
                 k += 1
     return kernel
+
+
+# The innermost loop is the vector loop: a split may not leave it shorter than this.
+MIN_VECTOR_LOOP = 16
+
+
+def split_loops(kernel: FusedKernel) -> FusedKernel:
+    """Split a loop where the members' indices divide it: ``x2`` over 192 read as ``x2 // 96``,
+    ``(x2 // 48) % 2`` and ``x2 % 48`` (a reshape of a permute: Swin's patch merging, attention's
+    head merge) becomes three loops of 2, 2 and 48 whose indices are linear, so the innermost loop
+    reads memory at unit stride instead of gathering through divisions. A split is kept only
+    where it makes the indices more linear, and never leaves the vector loop shorter than
+    ``MIN_VECTOR_LOOP``. The final kernel only: not each fusion trial."""
+    if kernel.direct or not is_static(kernel.outer_ranges) or not is_static(kernel.inner_ranges):
+        return kernel
+    before = nonlinear_count(kernel.all_indices())
+    if before == 0:
+        return kernel
+    vector = "outer_ranges" if not kernel.is_reduction else "inner_ranges"
+    for attr in ("outer_ranges", "inner_ranges"):
+        k = 0
+        while k < len(getattr(kernel, attr)):
+            ranges = getattr(kernel, attr)
+            variables = kernel.outer_vars if attr == "outer_ranges" else kernel.inner_vars
+            trial = None
+            for d in _split_points(kernel.all_indices(), variables[k], ranges[k]):
+                if attr == vector and k == len(ranges) - 1 and d < MIN_VECTOR_LOOP:
+                    continue
+                split = ranges[:k] + (ranges[k] // d, d) + ranges[k + 1:]
+                candidate = FusedKernel(kernel.name, kernel.nodes,
+                                        split if attr == "outer_ranges" else kernel.outer_ranges,
+                                        split if attr == "inner_ranges" else kernel.inner_ranges,
+                                        level=kernel.level)
+                after = nonlinear_count(candidate.all_indices())
+                if after < before:
+                    trial, before = candidate, after
+                    break
+            if trial is not None:
+                kernel = trial  # the same position again: its outer part may split further
+            else:
+                k += 1
+    return kernel
+
+
+def _split_points(indices, var: Var, size: int) -> list:
+    """Divisors ``d`` of ``size`` (1 < d < size) by which some index divides ``var``, largest first."""
+    found = set()
+
+    def visit(e: Expr):
+        for a, _ in e.terms:
+            if isinstance(a, (FloorDiv, Mod)):
+                coef = dict(a.arg.terms).get(var)
+                if coef and isinstance(a.divisor, int) and a.divisor % coef == 0:
+                    found.add(a.divisor // coef)
+                visit(a.arg)
+    for e in indices:
+        visit(e)
+    return sorted((d for d in found if 1 < d < size and size % d == 0), reverse=True)

@@ -43,7 +43,7 @@ TEMPLATES = {
     "logical_xor": "(static_cast<bool>({0}) != static_cast<bool>({1}))",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "xlogy": "(std::isnan({1}) ? {1} : {0} == 0 ? 0 : {0} * std::log({1}))",
-    "where": "({0} ? {1} : {2})",
+    "where": "mc_where({0}, {1}, {2})", ("where", "int"): "({0} ? {1} : {2})",  # prelude: a blend, not a branch
     "fma": "std::fma({0}, {1}, {2})", ("fma", "int"): "({0} * {1} + {2})",
     ("abs", "int"): "({0} < 0 ? -{0} : {0})",
     ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} / {1})",

@@ -10,10 +10,35 @@
 #include <cstring>
 #include <limits>
 #include <algorithm>
+#include <type_traits>
 
 // NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave.
 template <typename T> static inline T mc_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T mc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+
+// where(c, a, b) for floating values as a bit blend, not a branch. g++ turns `c ? load : b`
+// into a masked load, which it cannot vectorise when the load's index is clamped (a padded
+// pooling window, a concatenation, a padded convolution input): the loop stays scalar (a 3x3
+// stride-2 max pool over 2x64x64x64: 1.48 ms scalar, 0.10 ms as a blend). Bit-exact: NaN
+// payloads and signed zeros pass through.
+template <typename T> static inline T mc_blend(bool c, T a, T b) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+        U m = (U)0 - (U)c, ia, ib;
+        std::memcpy(&ia, &a, sizeof(T));
+        std::memcpy(&ib, &b, sizeof(T));
+        U r = (ia & m) | (ib & ~m);
+        T out;
+        std::memcpy(&out, &r, sizeof(T));
+        return out;
+    } else {
+        return c ? a : b;
+    }
+}
+template <typename A, typename B> static inline auto mc_where(bool c, A a, B b) {
+    using T = std::common_type_t<A, B>;
+    return mc_blend<T>(c, static_cast<T>(a), static_cast<T>(b));
+}
 
 // bfloat16 is stored as its 16 high bits; computed in float32, rounded to nearest even.
 static inline float mc_bf16_to_f32(uint16_t v) {

@@ -74,6 +74,10 @@ class Config:
     # CPU float32 convolutions run channels-last: inference (aot/conv_layout.py) and training,
     # forward and backward (aot/conv_layout_train.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
+    # Inference: "auto" keeps a graph channels-last only where its convolutions, measured both
+    # ways on this machine (weight conversions included unless weights are prepared), run faster
+    # so (aot/conv_layout.py); "channels_last" converts every CPU float32 convolution graph.
+    conv_layout: str = _env("MINICOMPILE_CONV_LAYOUT", "auto")
     # Inference on CPU: values computed from parameters and buffers alone (channels-last weights,
     # BatchNorm folded into the convolution before it) are computed once per version of those
     # tensors, not on every call (aot/prepare.py, runtime/prepared.py). Off by default, as

@@ -138,3 +138,42 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
     targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
     assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 1
     assert targets.count(torch.ops.aten.convolution.default) == 1
+
+
+@pytest.mark.parametrize("faster", ["nchw", "nhwc"])
+def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dynamo, monkeypatch, faster):
+    # conv_layout "auto" adds each convolution's two measured times: the graph takes the smaller sum
+    from minicompile.aot import conv_layout
+    seen = []
+
+    def times(conv, convert_weight):
+        seen.append((conv, convert_weight))
+        return {"nchw": 1.0, "nhwc": 2.0} if faster == "nchw" else {"nchw": 2.0, "nhwc": 1.0}
+    monkeypatch.setattr(conv_layout, "conv_layout_times", times)
+    torch.manual_seed(0)
+    model, x = _eval(ConvChain()), torch.randn(2, 3, 12, 10)
+    with torch.no_grad():
+        ref = model(x)
+    with patch(conv_layout="auto"):
+        out, graphs = compile_with_dynamo(model, x)
+    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    assert [c.weight for c, _ in seen] == [(8, 3, 3, 3), (8, 8, 3, 3)]
+    assert all(convert for _, convert in seen)  # NCHW parameters: converted on every call
+    assert (_clones_to_channels_last(graphs[0]) > 0) == (faster == "nhwc")
+
+
+def test_layout_times_count_the_weight_conversion_and_run_1x1_as_linear():
+    from minicompile.aot.conv_layout import ConvShape, conv_layout_times
+    dense = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
+    pointwise = ConvShape((1, 8, 6, 6), (16, 8, 1, 1), False, (1, 1), (0, 0), (1, 1), 1, False)
+    assert pointwise.pointwise and not dense.pointwise
+    for conv in (dense, pointwise):
+        times = conv_layout_times(conv, convert_weight=True)
+        assert set(times) == {"nchw", "nhwc"} and all(t > 0 for t in times.values())
+
+
+def test_unknown_conv_layout_is_an_error_naming_the_choices():
+    from minicompile.aot.conv_layout import ConvShape, channels_last_pays
+    conv = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
+    with patch(conv_layout="nhwc"), pytest.raises(ValueError, match="'auto' or 'channels_last'"):
+        channels_last_pays([conv], weights_cached=False)

@@ -67,7 +67,11 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # its hook in aot/joint.py) added ~130; max pooling's indices saved as int8 window offsets
 # (aot/pool_offsets.py) ~105. The same-memory check before an output is viewed through its
 # realized root (lowering/graph.py) 7.
-CORE_LINE_BUDGET = 15_277
+# Real-model kernels (issue 15): repeat and roll as index math, max pooling as a window of loads
+# (lowering/pooling.py), views of lazy values stored like the values, loops split where indices
+# divide them (scheduler/kernel.py), the float blend for where, and the measured convolution
+# layout (aot/conv_layout.py, runtime/autotune.library_times) added ~315.
+CORE_LINE_BUDGET = 15_600
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -25,11 +25,15 @@ layout). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
 from __future__ import annotations
 
 import contextvars
+import functools
+from dataclasses import dataclass
 
 import torch
 
-from minicompile.aot.prepare import Emitter
+from minicompile.aot.prepare import Emitter, prepares_weights
 from minicompile.config import config
+from minicompile.runtime import cache
+from minicompile.runtime.autotune import cpu_name, library_times
 
 aten = torch.ops.aten
 # inside functionalize_channels_last: a list the claim appends to each time it converts
@@ -53,10 +57,84 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     x_ready, w_ready = input.is_contiguous(memory_format=cl), weight.is_contiguous(memory_format=cl)
     if (x_ready and w_ready) or not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
         return None
-    claimed.append(True)
+    claimed.append(ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride), tuple(padding),
+                             tuple(dilation), groups, w_ready))
     x = input if x_ready else aten.clone.default(input, memory_format=cl)
     w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
     return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One convolution the claim converted: what measuring its two layouts needs."""
+    input: tuple
+    weight: tuple
+    bias: bool
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    groups: int
+    weight_ready: bool      # the weight already is channels-last: nothing to convert
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as oneDNN's linear."""
+        return (self.weight[2:] == (1, 1) and self.groups == 1 and self.stride == (1, 1)
+                and self.dilation == (1, 1) and self.padding == (0, 0))
+
+
+def channels_last_pays(convs: list, weights_cached: bool) -> bool:
+    """Whether ``convs`` together run faster channels-last than as NCHW, measured on this machine.
+
+    NHWC convolutions are faster in oneDNN where the channels are few per group (depthwise:
+    2.4x at 96 channels, 32x32) and about even for dense 3x3 ones; but each call also converts
+    every NCHW weight, unless prepared weights keep the converted copy. ResNet-18 at batch 2
+    converts 45 MB of weights per call for convolutions that gain 5% (two threads: 17.5 ms NCHW
+    against 20.9 ms channels-last; EfficientNet-B0 and ConvNeXt gain). Each convolution shape is
+    timed both ways once per machine and thread count (runtime/autotune.library_times), and the
+    graph takes the layout whose sum is smaller.
+    """
+    if config.conv_layout not in ("auto", "channels_last"):
+        raise ValueError(f"minicompile: conv_layout (MINICOMPILE_CONV_LAYOUT) is {config.conv_layout!r}; "
+                         "use 'auto' or 'channels_last'")
+    if config.conv_layout == "channels_last":
+        return True
+    total = {"nchw": 0.0, "nhwc": 0.0}
+    for conv in convs:
+        times = conv_layout_times(conv, convert_weight=not (conv.weight_ready or weights_cached))
+        for layout in total:
+            total[layout] += times[layout]
+    return total["nhwc"] < total["nchw"]
+
+
+def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
+    """Seconds per call of ``conv`` on NCHW data and on NHWC data (its weight converted in the
+    call when ``convert_weight``; a 1x1 one as oneDNN's linear over the pixels, as it will run)."""
+    cl = torch.channels_last
+
+    @functools.cache
+    def operands():
+        x, w = torch.randn(conv.input), torch.randn(conv.weight)
+        return x, w, (torch.randn(conv.weight[0]) if conv.bias else None), x.contiguous(memory_format=cl)
+
+    def nchw():
+        x, w, b, _ = operands()
+        return torch.convolution(x, w, b, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups)
+
+    def nhwc():
+        _, w, b, x = operands()
+        if conv.pointwise:
+            n, c, h, wd = conv.input
+            return torch.ops.mkldnn._linear_pointwise(x.permute(0, 2, 3, 1).reshape(n * h * wd, c),
+                                                      w.view(conv.weight[0], c), b, "none", [], "")
+        w = w.contiguous(memory_format=cl) if convert_weight else w
+        return torch.convolution(x, w, b, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups)
+
+    key = cache.digest("conv-layout", torch.__version__, cpu_name(), str(torch.get_num_threads()), repr(conv),
+                       str(convert_weight and not conv.pointwise))
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        return library_times(key, {"nchw": nchw, "nhwc": nhwc},
+                             f"convolution {conv.input} * {conv.weight}, NCHW or NHWC")
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:
@@ -124,9 +202,16 @@ def functionalize_channels_last(functionalize, gm, ctx):
         traced = None
     finally:
         _ACTIVE.reset(token)
+    if traced is not None and claimed and not channels_last_pays(claimed, _weights_cached(ctx)):
+        traced = None  # NCHW measured faster here: trace as the user wrote it
     if traced is not None and (not claimed or restore_outputs(traced, expected)):
         return traced
     return functionalize(gm, ctx)
+
+
+def _weights_cached(ctx) -> bool:
+    """Prepared weights keep each converted weight across calls (aot/prepare.py)."""
+    return prepares_weights(ctx)
 
 
 def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode) -> int:

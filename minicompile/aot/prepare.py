@@ -51,7 +51,8 @@ def _is_static(node: torch.fx.Node, value) -> bool:
         dynamo_mark or node.meta.get("static_input") or node.meta.get("lifted_from"))
 
 
-def _enabled(ctx) -> bool:
+def prepares_weights(ctx) -> bool:
+    """Values computed from parameters alone are prepared once per version for this graph."""
     return config.prepare_weights and bool(ctx.static) and not ctx.symbolic
 
 
@@ -77,7 +78,7 @@ def _pure(target) -> bool:
 # -- conv + per-channel affine (eval BatchNorm) ----------------------------------------------------
 
 def fold_conv_bn(gm: torch.fx.GraphModule, ctx):
-    if not _enabled(ctx):
+    if not prepares_weights(ctx):
         return gm
     static = static_nodes(gm, ctx.static)
     convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
@@ -149,7 +150,7 @@ def split_prepared(gm: torch.fx.GraphModule, ctx):
     """Static-only values the graph reads become trailing placeholders; ``gm.meta["prepared"]``
     is the CachedPreparation that computes them (None when there are none)."""
     gm.meta["prepared"] = None
-    if not _enabled(ctx):
+    if not prepares_weights(ctx):
         return gm
     hoisted = _hoistable(gm, static_nodes(gm, ctx.static))
     computed = _computed(gm, hoisted)

@@ -84,7 +84,7 @@ class Config:
     # Inductor's freezing: a write through ``p.data`` moves no version counter, so a prepared
     # value would go stale silently. options={"freezing": True} turns it on for one model.
     prepare_weights: bool = _env("MINICOMPILE_PREPARE_WEIGHTS", False, bool)
-    # CPU buffers of 1 MiB or more that the wrapper allocates are kept for reuse (up to this
+    # CPU buffers of 64 KiB or more that the wrapper allocates are kept for reuse (up to this
     # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
     host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)
     # Triton on a GPU: time a few block sizes / num_warps per kernel and shape (cached on disk).

@@ -233,6 +233,33 @@ def test_auto_gemm_choice_is_measured_once_and_remembered(monkeypatch):
     assert autotune.library_choice(key + "-2", failing) == "runs"   # a candidate that raises is never chosen
 
 
+def test_a_preferred_library_is_kept_unless_another_is_faster_by_the_margin():
+    import time
+    from minicompile.runtime import autotune
+
+    def spin(seconds):  # CPU time, which the measurement counts (a sleep would count nothing)
+        def run():
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        return run
+    key = f"test-prefer-{time.time_ns()}"
+    close = {"kept": spin(0.002), "other": spin(0.0019)}
+    assert autotune.library_choice(key, close, prefer="kept", margin=0.3) == "kept"
+    far = {"kept": spin(0.004), "other": spin(0.001)}
+    assert autotune.library_choice(key + "-far", far, prefer="kept", margin=0.3) == "other"
+
+
+def test_matrix_products_write_into_the_wrappers_buffers():
+    # codegen/wrapper.py OUT_VARIANTS: mm and bmm results come from the wrapper's buffers (out=)
+    def fn(a, b, c):
+        return (a @ b).relu() @ b.t(), torch.bmm(c, c.transpose(1, 2)) * 2
+    args = (torch.randn(300, 64), torch.randn(64, 64), torch.randn(3, 70, 80))
+    with patch(cpu_gemm="mkl"), torch.no_grad():
+        c = check(fn, *args)
+    assert "aten.mm.out" in c.wrapper_source and "aten.bmm.out" in c.wrapper_source
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
     # decomp/linalg.py fold_gelu_into_onednn_linear: only when GELU is the linear's one use

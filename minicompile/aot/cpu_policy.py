@@ -86,11 +86,19 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
     operands = functools.cache(lambda: (operand(m, k, layout1), operand(k, n, layout2)))
     linear = torch.ops.mkldnn._linear_pointwise.default
     key = cache.digest("gemm", torch.__version__, cpu_name(), str(torch.get_num_threads()),
-                       f"{m}x{k}x{n}", layout1, layout2)
+                       f"{m}x{k}x{n}", layout1, layout2, f"mkl unless {ONEDNN_MARGIN} faster")
     with _real_tensors():
         return library_choice(key, {"mkl": lambda: torch.mm(*operands()),
                                     "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")},
-                              f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})")
+                              f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})",
+                              prefer="mkl", margin=ONEDNN_MARGIN)
+
+
+# oneDNN's linear must be this much faster alone to be chosen: it allocates its result on every
+# call (aten.mm writes into the wrapper's pooled buffer), and inside a graph those fresh
+# allocations were page-faulted in again and again (Swin: 1,200 faults a call, all in its 8
+# oneDNN products, once the process's heap had been churned; 0 in its 19 mm calls).
+ONEDNN_MARGIN = 0.1
 
 
 @contextlib.contextmanager

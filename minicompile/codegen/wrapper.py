@@ -30,7 +30,8 @@ import torch
 from minicompile.codegen.common import graph_symbols
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView
+from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView,
+                                  contiguous_strides)
 from minicompile.runtime import host_pool
 from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule
@@ -111,8 +112,13 @@ class WrapperCode:
                 if isinstance(b, ExternKernel):
                     args = ", ".join([self.value(a) for a in b.args] +
                                      [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
-                    L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
-                    if b.layout is not None:
+                    if writes_out(b):
+                        L.append(self._alloc(b, pool, outputs))
+                        out_op = OUT_VARIANTS[b.op]
+                        L.append(f"{self._ref(out_op)}({args}, out={b.name})  # {out_op} into {b.name}: {b.reason}")
+                    else:
+                        L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
+                    if b.layout is not None and not writes_out(b):
                         L.append(self._conform(b))
                 elif isinstance(b, MultiOutput):
                     L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
@@ -121,7 +127,7 @@ class WrapperCode:
                 buf = self._buffer(name)
                 if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
                     continue
-                if isinstance(buf, ComputedBuffer):
+                if isinstance(buf, ComputedBuffer) or writes_out(buf):
                     pool.setdefault(_pool_key(buf), []).append(name)
         self.lines = [ln for _, lines in steps for ln in lines]
         ret = ", ".join(self.value(o) for o in graph.outputs)
@@ -213,6 +219,21 @@ class WrapperCode:
                 for r in step.reads:
                     last[r] = k
         return last
+
+
+# Library calls that write into a buffer the wrapper gives them, as kernels do: their results
+# come from the buffer pool and the dead-buffer reuse instead of a fresh allocation per call.
+# Fresh ones were page-faulted in again on every call once glibc had returned their memory to
+# the system (Swin: up to 1,400 faults a call, 4 ms of a 12 ms call, more once other code in the
+# process had churned the heap).
+OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.bmm.default: torch.ops.aten.bmm.out}
+
+
+def writes_out(b) -> bool:
+    """``b`` is a library call the wrapper runs into its own CPU buffer (OUT_VARIANTS)."""
+    lay = getattr(b, "layout", None)
+    return (isinstance(b, ExternKernel) and b.op in OUT_VARIANTS and lay is not None and lay.device.type == "cpu"
+            and tuple(lay.stride) == tuple(contiguous_strides(lay.size)))
 
 
 def _extern_event_name(step) -> str | None:

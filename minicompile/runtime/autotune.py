@@ -94,7 +94,7 @@ LIBRARY_BUDGET_S = 0.05     # ... running until this much time has passed
 _library_choices: dict = {}
 
 
-def library_choice(key: str, candidates: dict, what: str = "") -> str:
+def library_choice(key: str, candidates: dict, what: str = "", prefer: str | None = None, margin: float = 0.0) -> str:
     """The fastest of ``candidates`` (name -> a call with no arguments), measured once per key.
 
     For choices between vendor routines for one operation and shape (aot/cpu_policy.py: MKL's
@@ -107,6 +107,9 @@ def library_choice(key: str, candidates: dict, what: str = "") -> str:
     Each run is timed by the process's CPU time and the fastest run counts: on a machine
     shared with other work, wall-clock runs mostly measured how long the scheduler kept us
     waiting (medians of wall-clock rounds picked a 3x slower GEMM under load).
+
+    ``prefer`` is kept unless another candidate is faster by more than ``margin`` (a fraction):
+    for a routine with a cost that timing it alone does not show.
     """
     if key in _library_choices:
         return _library_choices[key]
@@ -114,6 +117,9 @@ def library_choice(key: str, candidates: dict, what: str = "") -> str:
     if choice not in candidates:
         times = library_times(key, candidates, what)
         choice = min(times, key=times.get)
+        if prefer in times and times[choice] > times[prefer] * (1 - margin):
+            choice = prefer
+            save_choice(key, choice, times)
     _library_choices[key] = choice
     return choice
 

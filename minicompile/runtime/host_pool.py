@@ -25,7 +25,9 @@ import torch
 
 from minicompile.config import config
 
-MIN_BYTES = 1 << 20
+# glibc maps a request of its mmap threshold (128 KiB, raised as large blocks are freed) or more
+# afresh, and gives back the top of its heap past twice that: buffers from 64 KiB up are kept.
+MIN_BYTES = 64 << 10
 
 _use_count = torch._C._storage_Use_Count
 _lock = threading.Lock()
@@ -34,7 +36,7 @@ _total = [0]           # bytes of every remembered storage, idle or in use
 
 
 def empty_strided(size, stride, *, dtype, device):
-    """torch.empty_strided, served from remembered memory when possible (CPU, >= 1 MiB)."""
+    """torch.empty_strided, served from remembered memory when possible (CPU, >= MIN_BYTES)."""
     nbytes = _storage_bytes(size, stride, dtype)
     if device.type != "cpu" or nbytes < MIN_BYTES:
         return torch.empty_strided(size, stride, dtype=dtype, device=device)

@@ -138,6 +138,13 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
     targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
     assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 1
     assert targets.count(torch.ops.aten.convolution.default) == 1
+    with patch(cpu_gemm="mkl"):  # where MKL is the GEMM choice: mm (into the wrapper's buffer) and the bias
+        torch._dynamo.reset()
+        out, graphs = compile_with_dynamo(fn, x)
+    assert_matches_eager(out, ref)
+    targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
+    assert torch.ops.mkldnn._linear_pointwise.default not in targets and torch.ops.aten.mm.default in targets
+    assert targets.count(torch.ops.aten.convolution.default) == 1
 
 
 @pytest.mark.parametrize("faster", ["nchw", "nhwc"])

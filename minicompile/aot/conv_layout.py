@@ -16,7 +16,8 @@ layout (contiguous or channels-last). If an output's eager strides are neither, 
 channels-last trace fails (a ``view`` that only NCHW allows), the graph is traced again
 without the conversion. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
 is then a matrix product of the (N*H*W, C) pixels with the (C_out, C) weight: it runs as
-oneDNN's linear (``pointwise_convs_as_linear``), twice as fast as the convolution at batch 2
+oneDNN's linear or MKL's mm, by the GEMM choice (``pointwise_convs_as_linear``), twice as fast
+as the convolution at batch 2
 on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16.
 Training graphs never see it: the claim only acts inside ``functionalize_channels_last``, and
 the training backend compiles both halves with it off (aot/conv_layout_train.py chooses their
@@ -78,7 +79,7 @@ class ConvShape:
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as oneDNN's linear."""
+        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as a matrix product."""
         return (self.weight[2:] == (1, 1) and self.groups == 1 and self.stride == (1, 1)
                 and self.dilation == (1, 1) and self.padding == (0, 0))
 
@@ -202,20 +203,19 @@ def functionalize_channels_last(functionalize, gm, ctx):
         traced = None
     finally:
         _ACTIVE.reset(token)
-    if traced is not None and claimed and not channels_last_pays(claimed, _weights_cached(ctx)):
+    if traced is not None and claimed and not channels_last_pays(claimed, prepares_weights(ctx)):
         traced = None  # NCHW measured faster here: trace as the user wrote it
     if traced is not None and (not claimed or restore_outputs(traced, expected)):
         return traced
     return functionalize(gm, ctx)
 
 
-def _weights_cached(ctx) -> bool:
-    """Prepared weights keep each converted weight across calls (aot/prepare.py)."""
-    return prepares_weights(ctx)
 
+def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True) -> int:
+    """Each 1x1 convolution of an NHWC input -> a matrix product over its pixels; returns how many.
 
-def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode) -> int:
-    """Each 1x1 convolution of an NHWC input -> oneDNN linear over its pixels; returns how many."""
+    The product is oneDNN's linear where ``use_onednn(pixels, weight_t)`` (the CPU policy's GEMM
+    choice), else ``mm`` plus the bias, which the wrapper runs into its own buffer."""
     if not (config.conv_channels_last and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return 0
@@ -226,8 +226,14 @@ def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode) -> int:
         emit = Emitter(gm.graph, fake_mode)
         with gm.graph.inserting_before(conv):
             pixels = emit(aten.view.default, emit(aten.permute.default, x, [0, 2, 3, 1]), [n * h * wd, cin])
-            y = emit(torch.ops.mkldnn._linear_pointwise.default, pixels, emit(aten.view.default, w, [cout, cin]),
-                     b, "none", [], "")
+            weight = emit(aten.view.default, w, [cout, cin])
+            weight_t = emit(aten.t.default, weight)
+            if use_onednn(pixels.meta["val"], weight_t.meta["val"]):
+                y = emit(torch.ops.mkldnn._linear_pointwise.default, pixels, weight, b, "none", [], "")
+                gm.graph.erase_node(weight_t)
+            else:
+                y = emit(aten.mm.default, pixels, weight_t)
+                y = emit(aten.add.Tensor, y, b) if b is not None else y
             nchw = emit(aten.permute.default, emit(aten.view.default, y, [n, h, wd, cout]), [0, 3, 1, 2])
         nchw.meta = {**conv.meta, "val": nchw.meta["val"]}
         conv.replace_all_uses_with(nchw)

@@ -19,7 +19,7 @@ import torch
 
 from minicompile.aot import trace
 from minicompile.aot.conv_layout import functionalize_channels_last, pointwise_convs_as_linear
-from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear
+from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear, use_onednn_linear
 from minicompile.aot.prepare import fold_conv_bn, split_prepared, static_inputs
 
 
@@ -37,7 +37,7 @@ def _fold_gelu(gm, ctx):
 
 def _pointwise_convs(gm, ctx):
     """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as oneDNN's linear."""
-    pointwise_convs_as_linear(gm, ctx.fake_mode)
+    pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear)
     return gm
 
 

@@ -28,7 +28,7 @@ def _pair(v, default=None):
 @register_lowering(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(lw, node, x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     if any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
-        raise Unsupported("max-pool indices are read (the pool's backward): eager's kernel computes them")
+        raise Unsupported("max-pool indices are read (return_indices, or the pool's backward): eager's kernel computes them")
     if not x.dtype.is_floating_point:
         raise Unsupported(f"max pool of {x.dtype}")
     values = shape_of(node.meta["val"][0])

@@ -34,7 +34,7 @@ import torch
 from minicompile.aot.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import cpu_name, library_times
+from minicompile.runtime.autotune import cpu_name, library_times, real_tensors
 
 aten = torch.ops.aten
 # inside functionalize_channels_last: a list the claim appends to each time it converts
@@ -110,7 +110,8 @@ def channels_last_pays(convs: list, weights_cached: bool) -> bool:
 
 def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     """Seconds per call of ``conv`` on NCHW data and on NHWC data (its weight converted in the
-    call when ``convert_weight``; a 1x1 one as oneDNN's linear over the pixels, as it will run)."""
+    call when ``convert_weight``; a 1x1 one as oneDNN's linear over the pixels, the product it
+    becomes unless MKL's mm is within ``cpu_policy.ONEDNN_MARGIN`` of it or faster)."""
     cl = torch.channels_last
 
     @functools.cache
@@ -133,7 +134,7 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
 
     key = cache.digest("conv-layout", torch.__version__, cpu_name(), str(torch.get_num_threads()), repr(conv),
                        str(convert_weight and not conv.pointwise))
-    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+    with real_tensors():
         return library_times(key, {"nchw": nchw, "nhwc": nhwc},
                              f"convolution {conv.input} * {conv.weight}, NCHW or NHWC")
 
@@ -208,7 +209,6 @@ def functionalize_channels_last(functionalize, gm, ctx):
     if traced is not None and (not claimed or restore_outputs(traced, expected)):
         return traced
     return functionalize(gm, ctx)
-
 
 
 def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True) -> int:

@@ -15,7 +15,6 @@ A claim checks the device of its tensors, so tracing a CUDA graph is untouched.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -24,7 +23,7 @@ import torch
 from minicompile.aot.conv_layout import claim_convolution
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import cpu_name, library_choice
+from minicompile.runtime.autotune import cpu_name, library_choice, real_tensors
 
 aten = torch.ops.aten
 
@@ -87,7 +86,7 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
     linear = torch.ops.mkldnn._linear_pointwise.default
     key = cache.digest("gemm", torch.__version__, cpu_name(), str(torch.get_num_threads()),
                        f"{m}x{k}x{n}", layout1, layout2, f"mkl unless {ONEDNN_MARGIN} faster")
-    with _real_tensors():
+    with real_tensors():
         return library_choice(key, {"mkl": lambda: torch.mm(*operands()),
                                     "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")},
                               f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})",
@@ -99,13 +98,6 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
 # allocations were page-faulted in again and again (Swin: 1,200 faults a call, all in its 8
 # oneDNN products, once the process's heap had been churned; 0 in its 19 mm calls).
 ONEDNN_MARGIN = 0.1
-
-
-@contextlib.contextmanager
-def _real_tensors():
-    """Leave the trace's fake and proxy modes (and grad mode) to run real products."""
-    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
-        yield
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,7 +36,8 @@ def _fold_gelu(gm, ctx):
 
 
 def _pointwise_convs(gm, ctx):
-    """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as oneDNN's linear."""
+    """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as a matrix product
+    (oneDNN's linear or mm, by the GEMM choice)."""
     pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear)
     return gm
 

@@ -112,14 +112,14 @@ class WrapperCode:
                 if isinstance(b, ExternKernel):
                     args = ", ".join([self.value(a) for a in b.args] +
                                      [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
-                    if writes_out(b):
-                        L.append(self._alloc(b, pool, outputs))
+                    if writes_out(b):  # into its own buffer, already in the layout kernels index
                         out_op = OUT_VARIANTS[b.op]
+                        L.append(self._alloc(b, pool, outputs))
                         L.append(f"{self._ref(out_op)}({args}, out={b.name})  # {out_op} into {b.name}: {b.reason}")
                     else:
                         L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
-                    if b.layout is not None and not writes_out(b):
-                        L.append(self._conform(b))
+                        if b.layout is not None:
+                            L.append(self._conform(b))
                 elif isinstance(b, MultiOutput):
                     L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
                     L.append(self._conform(b))

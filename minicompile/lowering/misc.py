@@ -117,6 +117,13 @@ def index_value(ops, value):
     return ops.constant(value, torch.int64) if isinstance(value, int) else ops.index_expr(value, torch.int64)
 
 
+def in_bounds(ops, pos: Expr, size):
+    """0 <= pos < size, as a bool value in a loop body (a padded read's mask)."""
+    p = ops.index_expr(pos, torch.int64)
+    return ops.pointwise("logical_and", ops.pointwise("ge", p, ops.constant(0, torch.int64), dtype=torch.bool),
+                         ops.pointwise("lt", p, index_value(ops, size), dtype=torch.bool), dtype=torch.bool)
+
+
 @register_lowering(aten.cat.default)
 def cat(lw, node, tensors, dim=0):
     meta = node.meta["val"]
@@ -216,11 +223,7 @@ def constant_pad_nd(lw, node, x, pad, value=0):
             p = Expr.of(idx[d]) - lows[d]
             src.append(p.clamp(0, x.size[d] - 1))
             if lows[d] > 0 or _static(size_value(Expr.of(size[d]) - lows[d] - x.size[d])) > 0:  # padded above
-                pv = ops.index_expr(p, torch.int64)
-                ok = ops.pointwise("logical_and",
-                                   ops.pointwise("ge", pv, ops.constant(0, torch.int64), dtype=torch.bool),
-                                   ops.pointwise("lt", pv, index_value(ops, x.size[d]), dtype=torch.bool),
-                                   dtype=torch.bool)
+                ok = in_bounds(ops, p, x.size[d])
                 inside = ok if inside is None else ops.pointwise("logical_and", inside, ok, dtype=torch.bool)
         v = load(ops, src)
         if inside is None:

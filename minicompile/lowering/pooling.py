@@ -16,6 +16,7 @@ import torch
 from minicompile.ir.expr import Expr
 from minicompile.ir.nodes import Lazy, is_static, shape_of
 from minicompile.ir.ops import compute_dtype
+from minicompile.lowering.misc import in_bounds
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
 
@@ -44,8 +45,8 @@ def max_pool2d_with_indices(lw, node, x, kernel_size, stride=None, padding=0, di
     cdt = compute_dtype(dtype)
 
     def edges(out, stride_, pad, dil, k, size):
-        """Per window offset: None when it is inside the input for every output, else the test
-        needed (a padded or ceil-mode window reaches past an edge for some outputs)."""
+        """Per window offset: whether some output's window reaches past an edge there (padding,
+        ceil mode), so its loads need a bounds test."""
         return [(pad - j * dil > 0) or ((out - 1) * stride_ - pad + j * dil >= size) for j in range(k)]
     check_h = edges(out_h, sh, ph, dh, kh, height)
     check_w = edges(out_w, sw, pw, dw, kw, width)
@@ -60,11 +61,7 @@ def max_pool2d_with_indices(lw, node, x, kernel_size, stride=None, padding=0, di
                 inside = None
                 for pos, size, check in ((h, height, check_h[i]), (w, width, check_w[j])):
                     if check:
-                        p = ops.index_expr(pos, torch.int64)
-                        ok = ops.pointwise("logical_and",
-                                           ops.pointwise("ge", p, ops.constant(0, torch.int64), dtype=torch.bool),
-                                           ops.pointwise("lt", p, ops.constant(size, torch.int64), dtype=torch.bool),
-                                           dtype=torch.bool)
+                        ok = in_bounds(ops, pos, size)
                         inside = ok if inside is None else ops.pointwise("logical_and", inside, ok, dtype=torch.bool)
                 v = ops.to_dtype(load(ops, lead + [h.clamp(0, height - 1), w.clamp(0, width - 1)]), cdt)
                 if inside is not None:

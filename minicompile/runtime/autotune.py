@@ -10,6 +10,7 @@ the winner.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -113,13 +114,10 @@ def library_choice(key: str, candidates: dict, what: str = "", prefer: str | Non
     """
     if key in _library_choices:
         return _library_choices[key]
-    choice = load_choice(key)
-    if choice not in candidates:
-        times = library_times(key, candidates, what)
-        choice = min(times, key=times.get)
-        if prefer in times and times[choice] > times[prefer] * (1 - margin):
-            choice = prefer
-            save_choice(key, choice, times)
+    times = library_times(key, candidates, what)
+    choice = min(times, key=times.get)
+    if prefer in times and times[choice] > times[prefer] * (1 - margin):
+        choice = prefer
     _library_choices[key] = choice
     return choice
 
@@ -143,6 +141,13 @@ def library_times(key: str, candidates: dict, what: str = "") -> dict:
                  ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in times.items()))
     _library_times[key] = times
     return times
+
+
+@contextlib.contextmanager
+def real_tensors():
+    """Leave a trace's fake and proxy modes (and grad mode) to time real library calls."""
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        yield
 
 
 def _interleaved_best(candidates: dict) -> dict:

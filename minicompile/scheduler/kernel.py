@@ -260,11 +260,7 @@ def _merge_loops(kernel: FusedKernel) -> FusedKernel:
         k = 0
         while k + 1 < len(getattr(kernel, attr)):
             ranges = getattr(kernel, attr)
-            merged = ranges[:k] + (ranges[k] * ranges[k + 1],) + ranges[k + 2:]
-            trial = FusedKernel(kernel.name, kernel.nodes,
-                                merged if attr == "outer_ranges" else kernel.outer_ranges,
-                                merged if attr == "inner_ranges" else kernel.inner_ranges,
-                                level=kernel.level)
+            trial = _with_ranges(kernel, attr, ranges[:k] + (ranges[k] * ranges[k + 1],) + ranges[k + 2:])
             after = nonlinear_count(trial.all_indices())
             if after <= before:
                 kernel, before = trial, after
@@ -286,7 +282,8 @@ def split_loops(kernel: FusedKernel) -> FusedKernel:
     ``MIN_VECTOR_LOOP``. The final kernel only: not each fusion trial."""
     if kernel.direct or not is_static(kernel.outer_ranges) or not is_static(kernel.inner_ranges):
         return kernel
-    before = nonlinear_count(kernel.all_indices())
+    indices = kernel.all_indices()
+    before = nonlinear_count(indices)
     if before == 0:
         return kernel
     vector = "outer_ranges" if not kernel.is_reduction else "inner_ranges"
@@ -295,24 +292,24 @@ def split_loops(kernel: FusedKernel) -> FusedKernel:
         while k < len(getattr(kernel, attr)):
             ranges = getattr(kernel, attr)
             variables = kernel.outer_vars if attr == "outer_ranges" else kernel.inner_vars
-            trial = None
-            for d in _split_points(kernel.all_indices(), variables[k], ranges[k]):
+            for d in _split_points(indices, variables[k], ranges[k]):
                 if attr == vector and k == len(ranges) - 1 and d < MIN_VECTOR_LOOP:
                     continue
-                split = ranges[:k] + (ranges[k] // d, d) + ranges[k + 1:]
-                candidate = FusedKernel(kernel.name, kernel.nodes,
-                                        split if attr == "outer_ranges" else kernel.outer_ranges,
-                                        split if attr == "inner_ranges" else kernel.inner_ranges,
-                                        level=kernel.level)
-                after = nonlinear_count(candidate.all_indices())
-                if after < before:
-                    trial, before = candidate, after
+                trial = _with_ranges(kernel, attr, ranges[:k] + (ranges[k] // d, d) + ranges[k + 1:])
+                trial_indices = trial.all_indices()
+                after = nonlinear_count(trial_indices)
+                if after < before:  # kept; the same position again: its outer part may split further
+                    kernel, indices, before = trial, trial_indices, after
                     break
-            if trial is not None:
-                kernel = trial  # the same position again: its outer part may split further
             else:
                 k += 1
     return kernel
+
+
+def _with_ranges(kernel: FusedKernel, attr: str, ranges: tuple) -> FusedKernel:
+    """``kernel``'s members over other loops: ``ranges`` for its ``attr`` ("outer_ranges" or "inner_ranges")."""
+    return FusedKernel(kernel.name, kernel.nodes, ranges if attr == "outer_ranges" else kernel.outer_ranges,
+                       ranges if attr == "inner_ranges" else kernel.inner_ranges, level=kernel.level)
 
 
 def _split_points(indices, var: Var, size: int) -> list:

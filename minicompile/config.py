@@ -65,9 +65,10 @@ class Config:
     # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
     # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
     triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)
-    # CPU attention with at least this many scores (batch x heads x queries x keys) keeps
-    # eager's fused flash kernel as an extern call; smaller ones use the math form. 0: always math.
-    fused_attention_min_scores: int = _env("MINICOMPILE_FUSED_ATTENTION_MIN_SCORES", 1 << 18, int)
+    # CPU attention: "auto" keeps eager's fused flash kernel (an extern call) for a shape where it
+    # measured faster than the decomposed math form on this machine (aot/cpu_policy.py); "math"
+    # or "flash" pins the choice.
+    cpu_attention: str = _env("MINICOMPILE_CPU_ATTENTION", "auto")
     # CPU float32 matrix products: "auto" runs each shape with MKL's sgemm (aten.mm) or oneDNN's
     # matmul, whichever measured faster on this machine (aot/cpu_policy.py); "mkl" or "onednn" pins it.
     cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")

@@ -26,8 +26,10 @@ def test_config():
     oneDNN wherever it can run them: the library users get on the machines measured so far,
     and one choice on every machine, so kernel counts (a GELU folded into the product) do not
     depend on a timing (tests of "auto" and "mkl" set the knob themselves). For the same reason
-    convolution graphs always run channels-last (conv_layout "auto" measures; its tests set it)."""
-    with patch(fallback_on_error=False, cache_dir=TEST_CACHE_DIR, cpu_gemm="onednn", conv_layout="channels_last"):
+    convolution graphs always run channels-last (conv_layout "auto" measures; its tests set it),
+    and attention is decomposed to its math form (cpu_attention "auto" measures; its tests set it)."""
+    with patch(fallback_on_error=False, cache_dir=TEST_CACHE_DIR, cpu_gemm="onednn", conv_layout="channels_last",
+               cpu_attention="math"):
         yield
 
 

@@ -127,10 +127,11 @@ def run_sample_dynamic(sample, device: str = "cpu") -> list:
 
 def subprocess_env(**overrides) -> dict:
     """The environment of a Python the tests start: the test run's knobs (no eager fallback, the
-    test cache directory, the GEMM library), MINICOMPILE_DEBUG unset, then ``overrides``."""
+    test cache directory, the GEMM, layout and attention choices), MINICOMPILE_DEBUG unset, then
+    ``overrides``."""
     env = {k: v for k, v in os.environ.items() if k != "MINICOMPILE_DEBUG"}
     env.update(MINICOMPILE_FALLBACK="0", MINICOMPILE_CACHE_DIR=config.cache_dir, MINICOMPILE_CPU_GEMM=config.cpu_gemm,
-               MINICOMPILE_CONV_LAYOUT=config.conv_layout)
+               MINICOMPILE_CONV_LAYOUT=config.conv_layout, MINICOMPILE_CPU_ATTENTION=config.cpu_attention)
     env.update(overrides)
     return env
 

@@ -178,23 +178,69 @@ def _only_user(n):
 
 # -- fused CPU attention -----------------------------------------------------------------------
 
-def use_fused_cpu_attention(query, key) -> bool:
-    """Keep eager's fused CPU attention kernel when the score matrix is large.
+def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, scale=None) -> bool:
+    """Keep eager's fused CPU attention (flash) kernel for this call, or decompose it to math.
 
-    The math form materialises every score: two bmm calls around a softmax kernel. Eager's
-    flash kernel streams blocks of scores through cache instead; on a GPT-2 block with
-    16 heads of 256x256 scores it took 1.35 ms against 2.0 ms for the math form. Small
-    attention (below ``config.fused_attention_min_scores`` scores) fuses better as math.
+    The math form materialises every score: a bmm, one fused scale/mask/softmax kernel of ours,
+    a second bmm. Eager's flash kernel streams blocks of scores through cache instead. Which
+    wins depends on the shape and the machine: on the 2-core AMD EPYC here flash won at every
+    shape the models run (Swin's 32x3x49x49 windows: 351 us against 487 us for our math form;
+    ViT's 2x3x197x197: 584 against 698; GPT-2's causal 4x4x128x128: 654 against 778), where an
+    earlier machine ran 49-wide windows faster as math. So ``config.cpu_attention`` "auto"
+    times both once per machine, thread count and shape (the math side as the library calls
+    our form makes: two batched products around eager's softmax) and keeps flash unless math
+    is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice.
     """
-    threshold = config.fused_attention_min_scores
-    shape = (*query.shape[:-1], key.shape[-2])
-    # a symbolic size is judged at its hint: either choice is right for every size
-    return threshold > 0 and math.prod(_hint(n) for n in shape) >= threshold
+    mode = config.cpu_attention
+    if mode not in ("auto", "math", "flash"):
+        raise ValueError(f"minicompile: cpu_attention (MINICOMPILE_CPU_ATTENTION) is {mode!r}; "
+                         "use 'auto', 'math' or 'flash'")
+    if mode != "auto":
+        return mode == "flash"
+    return _measured_attention(query, key, value, attn_mask, is_causal, scale) == "flash"
+
+
+# The math side's timing leaves out what our math form adds to the two products and the softmax:
+# its scale and masks (fused into the softmax kernel, but not free) and the copies that lay out a
+# strided query, key or value for the products. Whole, that form lost to flash by 7-20% on this
+# machine at shapes where the library calls alone tied (ViT's: 0.600 / 0.590 ms).
+FLASH_MARGIN = 0.05
+
+
+def _measured_attention(query, key, value, attn_mask, is_causal, scale) -> str:
+    tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+    shapes = ["x".join(str(_hint(n)) for n in t.shape) + "/" + ",".join(str(_hint(s)) for s in t.stride())
+              for t in tensors]
+    key_ = cache.digest("attention", torch.__version__, cpu_name(), str(torch.get_num_threads()), str(query.dtype),
+                        *shapes, f"mask={attn_mask is not None}", f"causal={is_causal}",
+                        f"flash unless math {FLASH_MARGIN} faster")
+
+    def real(t):  # a random tensor laid out as ``t`` (its strides, at the size hints)
+        return torch.empty_strided([_hint(n) for n in t.shape], [_hint(s) for s in t.stride()],
+                                   dtype=t.dtype).normal_()
+    made = functools.cache(lambda: [real(t) for t in tensors])
+
+    def flash():
+        q, k, v, *mask = made()
+        aten._scaled_dot_product_flash_attention_for_cpu.default(
+            q, k, v, 0.0, is_causal, attn_mask=mask[0] if mask else None, scale=scale)
+
+    def math_form():
+        q, k, v, *_ = made()
+        if k.shape[-3] != q.shape[-3]:  # grouped-query attention: the heads repeated, as ours does
+            k, v = (t.repeat_interleave(q.shape[-3] // t.shape[-3], -3) for t in (k, v))
+        torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-2, -1)), -1), v)
+
+    what = f"attention {' '.join(shapes)}{' masked' if attn_mask is not None else ''}{' causal' if is_causal else ''}"
+    with real_tensors():
+        return library_choice(key_, {"math": math_form, "flash": flash}, what, prefer="flash", margin=FLASH_MARGIN)
 
 
 def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     # NotImplemented: make_fx keeps the op whole (an extern call); None: decompose it to math
-    return NotImplemented if use_fused_cpu_attention(query, key) else None
+    if dropout_p == 0.0 and use_fused_cpu_attention(query, key, value, attn_mask, is_causal, scale):
+        return NotImplemented
+    return None
 
 
 CPU_CLAIMS = {
@@ -213,7 +259,8 @@ def _onednn_reason(args) -> str:
 
 EXTERN_ON_PURPOSE = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: lambda args: (
-        "eager's fused CPU attention streams the scores through cache; at this size it beats "
-        "the math form (MINICOMPILE_FUSED_ATTENTION_MIN_SCORES=0 decomposes it)"),
+        "eager's fused CPU attention streams the scores through cache; for this shape it measured "
+        "faster than the math form on this machine, or is pinned (MINICOMPILE_CPU_ATTENTION=math "
+        "decomposes it)"),
     torch.ops.mkldnn._linear_pointwise.default: _onednn_reason,
 }

@@ -184,3 +184,43 @@ def test_unknown_conv_layout_is_an_error_naming_the_choices():
     conv = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
     with patch(conv_layout="nhwc"), pytest.raises(ValueError, match="'auto' or 'channels_last'"):
         channels_last_pays([conv], weights_cached=False)
+
+
+class PermutedNormThenConv(nn.Module):
+    """ConvNeXt's downsampling: a LayerNorm over channels between permutes (its result is
+    channels-last in eager), then a dense convolution, after an NCHW stem convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.norm, self.down = nn.Conv2d(3, 8, 2, 2), nn.LayerNorm(8), nn.Conv2d(8, 16, 2, 2)
+
+    def forward(self, x):
+        y = self.norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.down(y)
+
+
+@pytest.mark.parametrize("faster", ["nchw", "nhwc"])
+def test_convolution_of_an_eager_channels_last_input_is_left_out_and_gets_its_weight_converted(
+        fresh_dynamo, monkeypatch, faster):
+    # its input is channels-last in both traces: only the stem decides, and in the NCHW trace the
+    # downsampling weight is still converted (not reordered by oneDNN inside every call)
+    from minicompile.aot import conv_layout
+    seen = []
+
+    def times(conv, convert_weight):
+        seen.append(conv.weight)
+        return {"nchw": 1.0, "nhwc": 2.0} if faster == "nchw" else {"nchw": 2.0, "nhwc": 1.0}
+    monkeypatch.setattr(conv_layout, "conv_layout_times", times)
+    torch.manual_seed(0)
+    model, x = PermutedNormThenConv().eval(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    with patch(conv_layout="auto"):
+        out, graphs = compile_with_dynamo(model, x)
+    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    assert seen == [(8, 3, 2, 2)]
+    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    down = convs[-1]
+    assert down.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+    assert down.args[1].meta["val"].is_contiguous(memory_format=torch.channels_last)
+    assert convs[0].args[0].meta["val"].is_contiguous() == (faster == "nchw")

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,7 +38,7 @@ from minicompile.runtime import cache
 from minicompile.runtime.autotune import cpu_name, library_times, real_tensors
 
 aten = torch.ops.aten
-# inside functionalize_channels_last: a list the claim appends to each time it converts
+# inside functionalize_channels_last: the trace's Claims
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("minicompile_conv_channels_last", default=None)
 LAYOUTS = (torch.contiguous_format, torch.channels_last)
 
@@ -48,9 +49,11 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     Both, not only the input: with a channels-last input and an NCHW weight, oneDNN reorders
     the weight inside every call, slowly (a 256x256x3x3 weight at 8x8: 23 ms against 1.8 ms
     with both channels-last and 1.9 ms with both NCHW, one thread); our clone is a plain
-    transposing kernel."""
-    claimed = _ACTIVE.get()
-    if not (claimed is not None and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
+    transposing kernel. In the NCHW trace (``Claims.convert_inputs`` False) only that weight
+    is cloned, for an input that is channels-last already (ConvNeXt's, after its permuted
+    LayerNorm)."""
+    claims = _ACTIVE.get()
+    if not (claims is not None and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
             and weight.dim() == 4 and not transposed
             and all(isinstance(s, int) for s in (*input.shape, *weight.shape))):
         return None
@@ -58,11 +61,20 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     x_ready, w_ready = input.is_contiguous(memory_format=cl), weight.is_contiguous(memory_format=cl)
     if (x_ready and w_ready) or not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
         return None
-    claimed.append(ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride), tuple(padding),
-                             tuple(dilation), groups, w_ready))
+    if not claims.convert_inputs and not x_ready:
+        return None
+    claims.convs.append(ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride),
+                                  tuple(padding), tuple(dilation), groups, w_ready, x_ready))
     x = input if x_ready else aten.clone.default(input, memory_format=cl)
     w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
     return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@dataclass
+class Claims:
+    """What the claim does inside one trace, and the convolutions it converted there."""
+    convert_inputs: bool                  # the channels-last trace; else only weights, as above
+    convs: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,7 @@ class ConvShape:
     dilation: tuple
     groups: int
     weight_ready: bool      # the weight already is channels-last: nothing to convert
+    input_ready: bool = False   # the input already was channels-last in this trace
 
     @property
     def pointwise(self) -> bool:
@@ -84,7 +97,7 @@ class ConvShape:
                 and self.dilation == (1, 1) and self.padding == (0, 0))
 
 
-def channels_last_pays(convs: list, weights_cached: bool) -> bool:
+def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: Counter | None = None) -> bool:
     """Whether ``convs`` together run faster channels-last than as NCHW, measured on this machine.
 
     NHWC convolutions are faster in oneDNN where the channels are few per group (depthwise:
@@ -94,18 +107,48 @@ def channels_last_pays(convs: list, weights_cached: bool) -> bool:
     against 20.9 ms channels-last; EfficientNet-B0 and ConvNeXt gain). Each convolution shape is
     timed both ways once per machine and thread count (runtime/autotune.library_times), and the
     graph takes the layout whose sum is smaller.
+
+    A convolution whose input eager already holds channels-last (``eager_channels_last``: counts
+    of (input shape, weight shape), from ``eager_channels_last_convs``) runs the same way in both
+    traces, its weight converted, so it is left out of the sum: counted as NCHW, ConvNeXt's three
+    downsampling convolutions (fed by its permuted LayerNorm) tipped it to the NCHW trace, where
+    its stem's LayerNorm then read NCHW rows with a stride (0.5 ms).
     """
     if config.conv_layout not in ("auto", "channels_last"):
         raise ValueError(f"minicompile: conv_layout (MINICOMPILE_CONV_LAYOUT) is {config.conv_layout!r}; "
                          "use 'auto' or 'channels_last'")
     if config.conv_layout == "channels_last":
         return True
+    same_both_ways = Counter(eager_channels_last or {})
     total = {"nchw": 0.0, "nhwc": 0.0}
     for conv in convs:
+        if conv.input_ready and same_both_ways[(conv.input, conv.weight)] > 0:
+            same_both_ways[(conv.input, conv.weight)] -= 1
+            continue
         times = conv_layout_times(conv, convert_weight=not (conv.weight_ready or weights_cached))
         for layout in total:
             total[layout] += times[layout]
     return total["nhwc"] < total["nchw"]
+
+
+def eager_channels_last_convs(gm: torch.fx.GraphModule) -> Counter:
+    """(input shape, weight shape) of each 2-d convolution in the captured graph ``gm`` whose input
+    eager holds channels-last (from the traced example values), counted."""
+    found = Counter()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.conv2d, torch.nn.functional.conv2d) \
+                or len(node.args) < 2:
+            continue
+        x, w = (_example(a) for a in node.args[:2])
+        if (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4
+                and all(isinstance(s, int) for s in (*x.shape, *x.stride(), *w.shape))
+                and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()):
+            found[(tuple(x.shape), tuple(w.shape))] += 1
+    return found
+
+
+def _example(arg):
+    return arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else None
 
 
 def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
@@ -195,20 +238,27 @@ def functionalize_channels_last(functionalize, gm, ctx):
     expected = eager_output_strides(gm) if config.conv_channels_last else None
     if expected is None:
         return functionalize(gm, ctx)
-    token = _ACTIVE.set(claimed := [])
+    claims = Claims(convert_inputs=True)
     try:
-        traced = functionalize(gm, ctx)
+        traced = _with_claims(claims, functionalize, gm, ctx)
     except Exception:  # a view only NCHW allows: trace as the user wrote it
-        if not claimed:
+        if not claims.convs:
             raise
         traced = None
+    if traced is not None and claims.convs and not channels_last_pays(
+            claims.convs, prepares_weights(ctx), eager_channels_last_convs(gm)):
+        traced = None  # NCHW measured faster here: trace as the user wrote it
+    if traced is not None and (not claims.convs or restore_outputs(traced, expected)):
+        return traced
+    return _with_claims(Claims(convert_inputs=False), functionalize, gm, ctx)
+
+
+def _with_claims(claims: Claims, functionalize, gm, ctx):
+    token = _ACTIVE.set(claims)
+    try:
+        return functionalize(gm, ctx)
     finally:
         _ACTIVE.reset(token)
-    if traced is not None and claimed and not channels_last_pays(claimed, prepares_weights(ctx)):
-        traced = None  # NCHW measured faster here: trace as the user wrote it
-    if traced is not None and (not claimed or restore_outputs(traced, expected)):
-        return traced
-    return functionalize(gm, ctx)
 
 
 def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True) -> int:

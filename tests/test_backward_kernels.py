@@ -37,6 +37,14 @@ def test_column_reductions_interchange_their_loops(name):
     assert "x0_block" in source, source   # rows outer, a block of columns in the SIMD loop
 
 
+def test_spatial_mean_of_nhwc_data_runs_column_blocks_per_image():
+    """Squeeze-excite's mean over H and W of channels-last data: the batch loops around the
+    column blocks, and the mean's division runs per column after its sum."""
+    x = torch.randn(3, 40, 32, 24).contiguous(memory_format=torch.channels_last)
+    source = _cpp(lambda x: x.mean((2, 3), keepdim=True), x, rtol=1e-5, atol=1e-6)
+    assert "x1_block" in source and "collapse(2)" in source, source
+
+
 @pytest.mark.parametrize("fn", [lambda g: g.sum(1), lambda g: g.amax(0)], ids=["row_sum", "column_max"])
 def test_row_reductions_and_max_keep_the_row_loop(fn):
     """A contiguous row is reduced as before; so is a max, whose NaN tracking the column form

@@ -72,7 +72,11 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # divide them (scheduler/kernel.py), the float blend for where, and the measured convolution
 # layout (aot/conv_layout.py, runtime/autotune.library_times) added ~315; matrix products into
 # the wrapper's buffers and MKL preferred within a margin (fewer page faults) ~30.
-CORE_LINE_BUDGET = 15_635
+# Issue 15 again: the measured flash-or-math attention choice (aot/cpu_policy.py) ~45, convolutions
+# of eager channels-last inputs left out of the layout choice (aot/conv_layout.py) ~40, per-channel
+# values computed before a kernel's loops (codegen/cpp_channels.py) ~70, and column reductions
+# under more than one outer loop ~10: 15813 measured.
+CORE_LINE_BUDGET = 15_830
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from minicompile.codegen.cpp_channels import CHANNEL_MAX, CHANNEL_MIN_REPEATS, ChannelValues
 from minicompile.codegen.cpp_columns import column_var, render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.cpp_groups import form_groups, render_group
@@ -73,11 +74,19 @@ class CppOps:
     # (LayerNorm + erf-GELU: 3.5 ms against 0.3 ms vectorised).
     before_loop: list | None = None
     loop_vars: set = field(default_factory=set)
+    # Per-channel precomputation (see CppKernel.channel): values computed only from loads that
+    # move with the innermost loop variable alone (and hoisted values, literals) go into arrays
+    # filled by one loop before the kernel's loops. None: off.
+    channel: ChannelValues | None = None
 
-    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False) -> CV:
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False,
+             channel: bool = False) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
+        if channel:
+            self.cse[key] = value = CV(self.channel.add(f"tmp{next(self.counter)}", CTYPE[ctype_dtype], expr), ctype_dtype)
+            return value
         name = f"tmp{next(self.counter)}"
         target = self.hoisted if hoist else self.before_loop if per_row else self.lines
         target.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
@@ -94,6 +103,12 @@ class CppOps:
         return (self.hoisted is not None and any(a.expr in self.outside for a in args)
                 and all(a.expr in self.outside or a.expr in self.literals for a in args))
 
+    def _per_channel(self, *args) -> bool:
+        """Computed from per-channel values, hoisted values and literals, with a per-channel one."""
+        ch = self.channel
+        return (ch is not None and any(a.expr in ch.values for a in args)
+                and all(a.expr in ch.values or a.expr in self.outside or a.expr in self.literals for a in args))
+
     def load(self, name, index, dtype):
         if name in self.locals:
             where, value = self.locals[name]
@@ -108,6 +123,10 @@ class CppOps:
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
         hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
+        if (dtype == torch.float32 and self.channel is not None and ptr in self.read_only
+                and atoms_of(index) == {self.channel.var}):
+            self.channel.values.add(raw)   # read where it is used, in the channel loop and the kernel's
+            return CV(raw, dtype)
         per_row = (not hoist and self.before_loop is not None and ptr in self.read_only
                    and not atoms_of(index) & self.loop_vars)
         return self._tmp(compute_dtype(dtype), raw, hoist, per_row)
@@ -131,22 +150,24 @@ class CppOps:
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
     def to_dtype(self, x, dtype):
-        hoist = self._hoistable(x)
+        where = dict(hoist=self._hoistable(x), channel=self._per_channel(x))
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", hoist)
+            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", **where)
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", hoist)
+            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", **where)
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
-            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", hoist), x)
-        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", hoist), x)
+            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", **where), x)
+        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", **where), x)
 
     def pointwise(self, op, *args, dtype):
         operand = args[1].dtype if op == "where" else args[0].dtype
         if self._hoistable(*args):  # (sin/cos through the library: the row redo would not reach it)
             expr = template(op, operand).format(*args)
             return self._same_every_iteration(self._tmp(compute_dtype(dtype), expr, hoist=True), *args)
+        if self._per_channel(*args):
+            return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), channel=True)
         # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
         if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
                 and compute_dtype(dtype).is_floating_point):
@@ -209,6 +230,10 @@ class CppKernel(KernelRenderer):
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
+        self.channel = None    # ChannelValues of a pointwise kernel over several loops
+        if (not k.is_reduction and self.static and self.hoisted is not None and len(k.outer_ranges) > 1
+                and k.outer_ranges[-1] <= CHANNEL_MAX and k.outer_numel >= CHANNEL_MIN_REPEATS * k.outer_ranges[-1]):
+            self.channel = ChannelValues(k.outer_vars[-1], int(k.outer_ranges[-1]))
 
     def _ops(self, known: dict, lines: list, **kwargs) -> CppOps:
         return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
@@ -237,7 +262,7 @@ class CppKernel(KernelRenderer):
         if column is not None:   # a reduction over rows, one result per column (cpp_columns.py)
             return render_columns(self, column, _nest)
         body = self._point_body()
-        hoisted = self.hoisted or []
+        hoisted = (self.hoisted or []) + (self.channel.block() if self.channel else [])
         dims = list(zip(k.outer_vars, k.outer_ranges))
         if not dims:
             return hoisted + body
@@ -338,7 +363,7 @@ class CppKernel(KernelRenderer):
 
     # -- the stage walk's hooks (codegen/common.py) --------------------------------------------
     def ops(self, lines: list, known: dict) -> CppOps:
-        return self._ops(known, lines, trig_args=self.trig_args)
+        return self._ops(known, lines, trig_args=self.trig_args, channel=self.channel)
 
     def emit_stage(self, ops, nodes, accs, known) -> None:
         """A stage's body: each reduction accumulates into its ``accs`` entry; each value is

@@ -27,18 +27,20 @@ COLUMN_KINDS = ("sum", "prod", "any", "all")   # reductions whose combine is one
 
 
 def column_var(ck):
-    """The kernel's single outer variable when ``ck`` (a CppKernel) renders a column reduction:
-    one loop stage of plain reductions, no row scratch, static sizes, and every index that
-    moves with both the column and the innermost reduced variable strides over whole rows
+    """The kernel's innermost outer variable when ``ck`` (a CppKernel) renders a column
+    reduction: one loop stage of plain reductions, no row scratch, static sizes, and every index
+    that moves with both the column and the innermost reduced variable strides over whole rows
     while some read steps through adjacent elements with the column (a per-row value, such as
-    LayerNorm's mean in its weight gradient, is loaded once per row). None otherwise."""
+    LayerNorm's mean in its weight gradient, is loaded once per row). Outer variables before it
+    (the batch of an NHWC spatial mean, squeeze-excite's) loop around the column blocks. None
+    otherwise."""
     k = ck.k
-    if not (ck.static and k.is_reduction and not ck.inner_parallel and len(k.stages) == 1
-            and k.stages[0].kind == "loop" and not k.scratch and len(k.outer_vars) == 1 and k.inner_vars):
+    if not (ck.static and k.is_reduction and not ck.inner_parallel and k.stages[0].kind == "loop"
+            and all(st.kind == "scalar" for st in k.stages[1:]) and not k.scratch and k.outer_vars and k.inner_vars):
         return None
     if any(n.data.reduction_type not in COLUMN_KINDS for n in reductions_of(k.nodes)):
         return None
-    x, r = k.outer_vars[0], k.inner_vars[-1]
+    x, r = k.outer_vars[-1], k.inner_vars[-1]
     indices = [i for n in k.nodes for i in [read.index for read in k.reads(n)]
                + ([] if isinstance(n.data, Reduction) else [k.store_index(n)])]
     strides = [(i.coefficient(x), i.coefficient(r)) for i in indices]
@@ -53,7 +55,7 @@ def render_columns(ck, x, nest) -> list:
     k = ck.k
     stage = k.stages[0]
     reds = reductions_of(stage.nodes)
-    block, n_cols = f"{x.name}_block", int(k.outer_ranges[0])
+    block, n_cols = f"{x.name}_block", int(k.outer_ranges[-1])
     width = min(COLUMN_BLOCK, n_cols)
     end = f"{block} + {width}" if n_cols % width == 0 else f"std::min<int64_t>({block} + {width}, {n_cols})"
     columns = ["#pragma omp simd", f"for (int64_t {x.name} = {block}; {x.name} < {end}; ++{x.name})"]
@@ -66,7 +68,16 @@ def render_columns(ck, x, nest) -> list:
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
     out = [f"{CTYPE[dt]} {acc}[{width}];" for acc, dt in accs.values()]
     out += nest([columns], init) + nest(rows, per_row + nest([columns], body))
-    out += nest([columns], ck._reduction_results(reds, lanes, {}))
-    parallel = ["#pragma omp parallel for"] if ck.work >= config.parallel_threshold and n_cols > width else []
-    blocks = parallel + [f"for (int64_t {block} = 0; {block} < {n_cols}; {block} += {width})"]
-    return (ck.hoisted or []) + nest([blocks], out)
+    known, post = {}, []
+    post += ck._reduction_results(reds, lanes, known)
+    for st in k.stages[1:]:   # per column, after its reduction (a mean's division)
+        ops = ck._ops(known, post, invariant=set())
+        for n in st.nodes:
+            ck.store_or_keep(ops, n, ck.evaluate(ops, n), known)
+    out += nest([columns], post)
+    others = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"]
+              for v, size in zip(k.outer_vars[:-1], k.outer_ranges[:-1])]
+    loops = others + [[f"for (int64_t {block} = 0; {block} < {n_cols}; {block} += {width})"]]
+    if ck.work >= config.parallel_threshold and k.outer_numel > width:
+        loops[0].insert(0, "#pragma omp parallel for" + (f" collapse({len(loops)})" if others else ""))
+    return (ck.hoisted or []) + nest(loops, out)

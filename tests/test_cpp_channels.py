@@ -1,0 +1,41 @@
+"""Per-channel values of C++ pointwise kernels computed once before the loops (codegen/cpp_channels.py)."""
+import torch
+
+from minicompile.config import patch
+from tests.helpers import check
+
+
+def batch_norm_silu(x, mean, var, weight, bias):
+    """Inference BatchNorm of NHWC data (channels innermost), then SiLU."""
+    y = (x - mean) * (weight / torch.sqrt(var + 1e-5)) + bias
+    return y * torch.sigmoid(y)
+
+
+def _channels(c: int):
+    torch.manual_seed(0)
+    return [torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c)]
+
+
+def test_batch_norm_scale_and_shift_are_computed_per_channel_not_per_element():
+    with patch(cpu_backend="cpp"), torch.no_grad():
+        src = check(batch_norm_silu, torch.randn(2, 6, 5, 24), *_channels(24)).kernel_source
+    kernel = src[src.index("extern"):]
+    assert "float tmp" in kernel and "_c[24];" in kernel
+    loops = kernel[kernel.index("#pragma omp"):]        # the kernel's own loops: no sqrt left there
+    assert "sqrt" not in loops and "_c[x" in loops
+
+
+def test_short_or_once_run_loops_keep_their_values_inline():
+    with patch(cpu_backend="cpp"), torch.no_grad():
+        flat = check(batch_norm_silu, torch.randn(2, 24), *_channels(24)).kernel_source   # 2 repeats
+        assert "_c[" not in flat
+        wide = check(batch_norm_silu, torch.randn(4, 4096), *_channels(4096)).kernel_source  # 4096 > max
+        assert "_c[" not in wide
+
+
+def test_a_channel_buffer_the_kernel_writes_is_not_read_ahead():
+    def scale_in_place(x, s):
+        s.mul_(2)                      # the kernel writes s: its loads cannot move before the loops
+        return x * torch.sqrt(s)
+    with patch(cpu_backend="cpp"), torch.no_grad():
+        check(scale_in_place, torch.randn(8, 16), torch.rand(16) + 0.1)

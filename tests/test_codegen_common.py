@@ -142,3 +142,29 @@ def test_cpp_kernels_are_rendered_once_and_skip_no_op_casts(monkeypatch):
     src = c.kernel_source
     assert "= 0.0f;" in src and "0.5f" in src
     assert not re.search(r"float \w+ = static_cast<float>\(tmp|\+ static_cast<float>\(tmp|v = static_cast<float>", src)
+
+
+def test_a_big_graph_builds_as_parallel_translation_units(tmp_path, monkeypatch):
+    # runtime/cpp_build.py: the kernels and groups are split into parts compiled at once, then linked
+    monkeypatch.setattr(cpp_build, "PART_MIN_LINES", 1)
+    monkeypatch.setattr(cpp_build.os, "cpu_count", lambda: 2)
+
+    def fn(x, y, p, q):
+        p.mul_(0.5)
+        q.add_(1.0)   # two independent in-place updates: one horizontal group of static kernels
+        return torch.softmax(x, -1), (y.sin() * 2).sum(0)
+    torch.manual_seed(0)
+    inputs = [torch.randn(64, 32), torch.randn(16, 8), torch.randn(300, 300), torch.randn(300, 300)]
+    eager_inputs = [t.clone() for t in inputs]
+    expected = fn(*eager_inputs)
+    with config_patch(cache_dir=str(tmp_path), parallel_threshold=1):
+        c = _compile(fn, *[t.clone() for t in inputs])
+        out = c(*inputs)
+    for a, b in zip([*out, *inputs], [*expected, *eager_inputs]):   # outputs and the updated inputs
+        torch.testing.assert_close(a, b)
+    parts = {p.name: p.read_text() for p in tmp_path.glob("cpp/*/*/kernels.part*.cpp")}
+    assert sorted(parts) == ["kernels.part0.cpp", "kernels.part1.cpp"], sorted(parts)
+    assert "group0(" in c.wrapper_source
+    (group,) = [src for src in parts.values() if "void group0(" in src]
+    members = re.findall(r"static void (\w+)\(", group)   # the group's members live in its part
+    assert len(members) == 2 and all(f"{m}(" in group.split("void group0(")[1] for m in members)

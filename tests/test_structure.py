@@ -75,8 +75,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # Issue 15 again: the measured flash-or-math attention choice (aot/cpu_policy.py) ~45, convolutions
 # of eager channels-last inputs left out of the layout choice (aot/conv_layout.py) ~40, per-channel
 # values computed before a kernel's loops (codegen/cpp_channels.py) ~70, and column reductions
-# under more than one outer loop ~10: 15813 measured.
-CORE_LINE_BUDGET = 15_830
+# under more than one outer loop ~10: 15813 measured. Compile time: a graph's kernels built as
+# parallel translation units (runtime/cpp_build.py) and each kernel's reads recorded once ~65.
+CORE_LINE_BUDGET = 15_890
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -41,6 +41,9 @@ class GeneratedKernels:
     # A function that runs several kernels in one call (codegen/cpp_groups.py) -> their names,
     # in order; the wrapper calls it in place of them, where the last of them was
     groups: dict = field(default_factory=dict)
+    # C++: the source's independent parts (each with the prelude's include), which the runtime
+    # may compile as separate objects in parallel; () compiles ``source`` whole
+    units: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -539,25 +539,29 @@ class CppBackend:
     caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True)
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
-        """The prelude's include, then one ``extern "C"`` function per kernel."""
-        parts, args = [f'#include "{PRELUDE_HEADER}"', ""], {}
+        """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal
+        group's members (``static``) come right before the group's function. Each kernel or
+        group is a unit the runtime may compile apart from the others (in parallel)."""
         symbols = tuple(graph_symbols(graph))
         kernels = {k.name: CppKernel(k, graph.by_name, graph.mutations, graph.sources, symbols) for k in plan.kernels}
         groups = form_groups(plan.steps, kernels) if config.horizontal_groups else []
         for ck in (ck for g in groups for ck in g):
             ck.in_group = True
+        units, args, members = [], {}, {}
         for name, ck in kernels.items():
-            parts += [ck.render(), ""]
             if not ck.in_group:
+                units.append(ck.render())
                 args[name] = [a.name for a in ck.args] + ck.size_args
-        members = {}
         for i, group in enumerate(groups):
+            rendered = [ck.render() for ck in group]       # first: the group reads how each rendered
             source, args[f"group{i}"] = render_group(f"group{i}", group)
-            parts += [source, ""]
+            units.append("\n\n".join(rendered + [source]))
             members[f"group{i}"] = [ck.k.name for ck in group]
-        return GeneratedKernels("\n".join(parts), args, "cpp", groups=members)
+        header = f'#include "{PRELUDE_HEADER}"\n'
+        return GeneratedKernels("\n\n".join([header.rstrip()] + units) + "\n", args, "cpp", groups=members,
+                                units=tuple(header + "\n" + u + "\n" for u in units))
 
     def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:
             return None
-        return load_cpp(generated.source, {n: len(a) for n, a in generated.kernel_args.items()})
+        return load_cpp(generated.source, {n: len(a) for n, a in generated.kernel_args.items()}, generated.units)

@@ -91,7 +91,7 @@ def save_choice(key: str, variant: str, timings: dict) -> None:
 # -- library calls: which vendor routine is fastest for one shape -----------------------------
 
 LIBRARY_ROUNDS = (5, 15)    # at least / at most this many interleaved rounds ...
-LIBRARY_BUDGET_S = 0.05     # ... running until this much time has passed
+LIBRARY_BUDGET_S = 0.02     # ... running until this much time has passed (0.05 cost BERT 0.1 s cold)
 _library_choices: dict = {}
 
 

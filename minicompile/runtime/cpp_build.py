@@ -83,8 +83,10 @@ _build_locks: dict = {}
 _locks_guard = threading.Lock()
 
 
-def build(source: str) -> str:
-    """Path of a shared library built from ``source``: from the cache, or compiled now."""
+def build(source: str, units: tuple = ()) -> str:
+    """Path of a shared library built from ``source``: from the cache, or compiled now. ``units``
+    (the source's independent parts, each a translation unit) are compiled in parallel when
+    there are cores for it and enough code (``_parallel_parts``); the library is the same."""
     cxx = compiler()
     key = build_key(source)
     with _locks_guard:
@@ -96,17 +98,68 @@ def build(source: str) -> str:
             return lib_path
         # temporary names of this process and thread: other processes (DDP ranks sharing the
         # cache) may build the same entry at the same time; the rename makes either copy whole
-        tmp_src, tmp_lib = (f"{p}.{os.getpid()}.{threading.get_ident()}.tmp" for p in (src_path, lib_path))
-        with open(tmp_src, "w") as f:
-            f.write(source)
-        os.replace(tmp_src, src_path)
-        cmd = [cxx, *CXXFLAGS, "-I", INCLUDE_DIR, src_path, "-o", tmp_lib]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CppCompileError(f"compiling generated kernels failed (source: {src_path}).\n"
-                                  f"command: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        tmp = f"{os.getpid()}.{threading.get_ident()}.tmp"
+        _write(src_path, source, tmp)
+        tmp_lib = f"{lib_path}.{tmp}"
+        parts = _parallel_parts(units)
+        if len(parts) < 2:
+            _run([[cxx, *CXXFLAGS, "-I", INCLUDE_DIR, src_path, "-o", tmp_lib]], src_path)
+        else:
+            objects, compiles = [], []
+            for k, part in enumerate(parts):
+                part_path = os.path.join(d, f"kernels.part{k}.cpp")
+                _write(part_path, part, tmp)
+                objects.append(f"{part_path}.{tmp}.o")
+                compiles.append([cxx, *(f for f in CXXFLAGS if f != "-shared"), "-c", "-I", INCLUDE_DIR, part_path,
+                                 "-o", objects[-1]])
+            _run(compiles, src_path)
+            _run([[cxx, "-shared", "-fopenmp", *objects, "-o", tmp_lib]], src_path)
+            for o in objects:
+                os.remove(o)
         cache.commit(tmp_lib, lib_path)
         return lib_path
+
+
+# Parallel builds: at least this many lines of kernels per part (g++ spends ~0.2 s on the
+# prelude and its headers in every translation unit), and at most one part per core.
+PART_MIN_LINES = 500
+
+
+def _parallel_parts(units: tuple) -> list:
+    """``units`` joined into as many translation units as pay (one, or none: build ``source``)."""
+    lines = [u.count("\n") for u in units]
+    n = min(len(units), os.cpu_count() or 1, sum(lines) // PART_MIN_LINES)
+    if n < 2:
+        return []
+    bins = [[] for _ in range(n)]
+    sizes = [0] * n
+    for k in sorted(range(len(units)), key=lambda k: -lines[k]):   # largest first, into the lightest part
+        j = sizes.index(min(sizes))
+        bins[j].append(k)
+        sizes[j] += lines[k]
+    header = f'#include "{PRELUDE_HEADER}"\n'
+    return [header + "".join(units[k].replace(header, "", 1) for k in sorted(b)) for b in bins]
+
+
+def _write(path: str, text: str, tmp: str) -> None:
+    with open(f"{path}.{tmp}", "w") as f:
+        f.write(text)
+    os.replace(f"{path}.{tmp}", path)
+
+
+def _run(commands: list, src_path: str) -> None:
+    """Run the compiler commands at once; a failure raises with the compiler's message."""
+    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             for cmd in commands]
+    failed = []
+    for cmd, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            failed.append((cmd, err))
+    if failed:
+        cmd, err = failed[0]
+        raise CppCompileError(f"compiling generated kernels failed (source: {src_path}).\n"
+                              f"command: {' '.join(cmd)}\n{err[-4000:]}")
 
 
 class KernelLibrary:
@@ -122,5 +175,5 @@ class KernelLibrary:
             setattr(self, name, fn)
 
 
-def load(source: str, kernels: dict) -> KernelLibrary:
-    return KernelLibrary(build(source), kernels)
+def load(source: str, kernels: dict, units: tuple = ()) -> KernelLibrary:
+    return KernelLibrary(build(source, units), kernels)

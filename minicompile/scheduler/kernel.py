@@ -83,6 +83,7 @@ class FusedKernel:
     def __post_init__(self):
         self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]
         self.inner_vars = [Var(f"r{k}", s) for k, s in enumerate(self.inner_ranges)]
+        self._reads: dict = {}   # reads(): (node name, direct, level) -> reads of that node
 
     @property
     def is_reduction(self) -> bool:
@@ -113,13 +114,19 @@ class FusedKernel:
         return node.store_index(index)
 
     def reads(self, node: ComputedBuffer) -> list:
-        rec = RecordOps()
-        index, rindex = self.node_index(node)
-        if isinstance(node.data, Reduction):
-            node.data.body(rec, index, rindex)
-        else:
-            node.data.body(rec, index)
-        return rec.reads
+        """What ``node``'s body reads, at which index (computed once per kernel, node and level:
+        planning and code generation ask again and again, and each time ran the whole body)."""
+        key = (node.name, self.direct, self.level.get(node.name))
+        cached = self._reads.get(key)
+        if cached is None:
+            rec = RecordOps()
+            index, rindex = self.node_index(node)
+            if isinstance(node.data, Reduction):
+                node.data.body(rec, index, rindex)
+            else:
+                node.data.body(rec, index)
+            cached = self._reads[key] = rec.reads
+        return cached
 
     def all_indices(self) -> list:
         out = []

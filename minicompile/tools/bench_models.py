@@ -32,7 +32,7 @@ from minicompile.tools.bench import _render, machine_info, time_interleaved
 from minicompile.tools.bench_worker import max_diff
 from minicompile.tools.models import MODELS
 
-REPS = {"full": 15, "tiny": 3}
+REPS = {"full": 31, "tiny": 3}
 COLUMNS = ("eager", "minicompile", "inductor")
 
 

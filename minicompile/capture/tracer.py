@@ -112,6 +112,7 @@ class Tracer:
         self.top_offset: int | None = None
         self.steps = 0
         self.source_names: dict[str, str] = {}   # "L[0]" -> "x", for readable placeholders
+        self.placeholder_names: set = set()      # taken: FX writes them as the graph's arguments
         self.grad_changed = False     # the graph switches grad mode (with torch.no_grad())
         self._keep: list = []         # real objects whose ids we index must stay alive
         self.view_owner: dict[int, tuple] = {}   # id(dict view) -> (its dict, "keys"|...)
@@ -292,7 +293,14 @@ class Tracer:
         return var
 
     def _placeholder_name(self, source: str) -> str:
-        return _readable(source, self.source_names)
+        """A readable argument name, unique in the graph: two long sources can read the same once
+        cut to 60 characters (HF Swin's ..._relative_position_bias_table and _index)."""
+        name = unique = _readable(source, self.source_names)
+        k = 1
+        while unique in self.placeholder_names:
+            unique, k = f"{name}_{k}", k + 1
+        self.placeholder_names.add(unique)
+        return unique
 
     def _remember(self, obj, source: str) -> None:
         self.obj_source.setdefault(id(obj), source)

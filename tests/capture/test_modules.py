@@ -220,3 +220,21 @@ def test_submodule_with_hook_breaks_and_hook_runs():
     assert report.break_count == 1 and "hooks" in report.breaks[0].reason
     assert report.graph_count == 2
     assert len(seen) == 2
+
+
+def test_inputs_whose_readable_names_collide_get_distinct_arguments():
+    """Graph arguments are named after their sources, cut to 60 characters: HF Swin's
+    ``..._attention_relative_position_bias_table`` and ``..._index`` cut to the same name, and
+    the graph's code had one argument twice (a SyntaxError out of the user's call)."""
+    class Deep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("a_very_long_attribute_name_that_runs_well_past_the_sixty_character_cut_table", t(4))
+            self.register_buffer("a_very_long_attribute_name_that_runs_well_past_the_sixty_character_cut_index", t(4))
+
+        def forward(self, x):
+            return x * self.a_very_long_attribute_name_that_runs_well_past_the_sixty_character_cut_table \
+                + self.a_very_long_attribute_name_that_runs_well_past_the_sixty_character_cut_index
+
+    outer = nn.Sequential(nn.Sequential(Deep()))
+    check_capture(outer, t(3, 4), graphs=1, breaks=0)

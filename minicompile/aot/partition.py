@@ -208,10 +208,20 @@ def _capacity(node: torch.fx.Node, view: JointView) -> dict:
     return {"capacity": 0 if node in view.primals else nbytes(node)}
 
 
+# Comparisons whose answer depends on every bit of both operands.
+EXACT_COMPARISONS = frozenset({torch.ops.aten.eq.Tensor, torch.ops.aten.ne.Tensor})
+
+
 def _banned(view: JointView) -> set:
-    """Forward nodes that must not be recomputed: expensive or random ops, externs, and nodes that
-    would end a recompute chain longer than MAX_RECOMPUTE_DEPTH."""
+    """Forward nodes that must not be recomputed: expensive or random ops, externs, nodes that
+    would end a recompute chain longer than MAX_RECOMPUTE_DEPTH, and values compared bit for bit
+    with another tensor (amin's gradient marks ``x == amin(x)``): recomputed by another kernel,
+    a transcendental can round another way (glibc's vector and scalar log1p differ in the last
+    bit), and the tie mask then lost elements (training-fuzz seed 732317: gradient 0, not 0.38)."""
     banned, depth = set(), {}
+    for n in view.nodes:
+        if n.op == "call_function" and n.target in EXACT_COMPARISONS and len(n.all_input_nodes) == 2:
+            banned.update(a for a in n.all_input_nodes if a.op == "call_function" and a not in view.tangent_dependent)
     for n in view.nodes:
         if n.op != "call_function" or n in view.tangent_dependent:
             depth[n] = 0

@@ -187,7 +187,7 @@ def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     strides = []
     for arg in _flat(out.args[0]):
-        val = arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else arg
+        val = _example(arg) if isinstance(arg, torch.fx.Node) else arg
         if isinstance(val, torch.Tensor):
             if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
                 return None  # symbolic sizes: the claim declines them anyway

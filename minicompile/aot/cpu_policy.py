@@ -184,9 +184,10 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
     The math form materialises every score: a bmm, one fused scale/mask/softmax kernel of ours,
     a second bmm. Eager's flash kernel streams blocks of scores through cache instead. Which
     wins depends on the shape and the machine: on the 2-core AMD EPYC here flash won at every
-    shape the models run (Swin's 32x3x49x49 windows: 351 us against 487 us for our math form;
+    attention measured alone (Swin's 32x3x49x49 windows: 351 us against 487 us for our math form;
     ViT's 2x3x197x197: 584 against 698; GPT-2's causal 4x4x128x128: 654 against 778), where an
-    earlier machine ran 49-wide windows faster as math. So ``config.cpu_attention`` "auto"
+    earlier machine ran 49-wide windows faster as math; inside the whole ViT, though, math ran
+    2-3% faster. So ``config.cpu_attention`` "auto"
     times both once per machine, thread count and shape (the math side as the library calls
     our form makes: two batched products around eager's softmax) and keeps flash unless math
     is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice.
@@ -202,8 +203,9 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
 
 # The math side's timing leaves out what our math form adds to the two products and the softmax:
 # its scale and masks (fused into the softmax kernel, but not free) and the copies that lay out a
-# strided query, key or value for the products. Whole, that form lost to flash by 7-20% on this
-# machine at shapes where the library calls alone tied (ViT's: 0.600 / 0.590 ms).
+# strided query, key or value for the products. Compiled alone, that form lost to flash by 7-20% on
+# this machine at shapes where the library calls tied (ViT's: 0.600 / 0.590 ms); inside the whole
+# ViT it won by 2-3%, which this timing does not see (docs/models.md).
 FLASH_MARGIN = 0.05
 
 

@@ -41,8 +41,8 @@ class GeneratedKernels:
     # A function that runs several kernels in one call (codegen/cpp_groups.py) -> their names,
     # in order; the wrapper calls it in place of them, where the last of them was
     groups: dict = field(default_factory=dict)
-    # C++: the source's independent parts (each with the prelude's include), which the runtime
-    # may compile as separate objects in parallel; () compiles ``source`` whole
+    # C++: the source's independent parts (its functions, without the prelude's include), which
+    # the runtime may compile as separate objects in parallel; () compiles ``source`` whole
     units: tuple = ()
 
 
@@ -180,12 +180,16 @@ class KernelRenderer:
         for stage in self.k.stages:
             lines += separator
             if stage.kind == "scalar":  # once per outer point: straight into the kernel body
-                ops = self.ops(lines, known)
-                for n in stage.nodes:
-                    self.store_or_keep(ops, n, self.evaluate(ops, n), known)
+                self.scalar_stage(stage, lines, known)
             else:
                 lines += self.loop(stage, known)
         return lines
+
+    def scalar_stage(self, stage, lines: list, known: dict) -> None:
+        """A stage computed once where it stands: its values stored, or kept in ``known``."""
+        ops = self.ops(lines, known)
+        for n in stage.nodes:
+            self.store_or_keep(ops, n, self.evaluate(ops, n), known)
 
     def evaluate(self, ops, node):
         """Run ``node``'s body against ``ops`` at the kernel's loop variables; its value."""

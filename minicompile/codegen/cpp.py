@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from minicompile.codegen.cpp_channels import CHANNEL_MAX, CHANNEL_MIN_REPEATS, ChannelValues
+from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import column_var, render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.cpp_groups import form_groups, render_group
@@ -230,10 +230,8 @@ class CppKernel(KernelRenderer):
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
-        self.channel = None    # ChannelValues of a pointwise kernel over several loops
-        if (not k.is_reduction and self.static and self.hoisted is not None and len(k.outer_ranges) > 1
-                and k.outer_ranges[-1] <= CHANNEL_MAX and k.outer_numel >= CHANNEL_MIN_REPEATS * k.outer_ranges[-1]):
-            self.channel = ChannelValues(k.outer_vars[-1], int(k.outer_ranges[-1]))
+        # per-channel values of a pointwise kernel over several loops, or None
+        self.channel = ChannelValues.of(k) if self.static and self.hoisted is not None else None
 
     def _ops(self, known: dict, lines: list, **kwargs) -> CppOps:
         return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
@@ -557,9 +555,8 @@ class CppBackend:
             source, args[f"group{i}"] = render_group(f"group{i}", group)
             units.append("\n\n".join(rendered + [source]))
             members[f"group{i}"] = [ck.k.name for ck in group]
-        header = f'#include "{PRELUDE_HEADER}"\n'
-        return GeneratedKernels("\n\n".join([header.rstrip()] + units) + "\n", args, "cpp", groups=members,
-                                units=tuple(header + "\n" + u + "\n" for u in units))
+        return GeneratedKernels("\n\n".join([f'#include "{PRELUDE_HEADER}"'] + units) + "\n", args, "cpp",
+                                groups=members, units=tuple(units))
 
     def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:

@@ -8,7 +8,7 @@ puts each such value, with the loads and hoisted values it is computed from, int
 that one loop over the channels fills before the kernel's loops; the loop body then reads
 ``tmp3_c[x2]``. The values and their order of operations are those of the loop they replace.
 
-    channel = ChannelValues(var, size)       # CppKernel: the innermost loop's variable and range
+    channel = ChannelValues.of(kernel)       # CppKernel: its innermost loop, or None when not worth it
     expr = channel.add("tmp3", "float", "(1 / std::sqrt(tmp2_c[x2]))")   # -> "tmp3_c[x2]"
     lines = hoisted + channel.block() + loops
 """
@@ -34,6 +34,16 @@ class ChannelValues:
     decls: list = field(default_factory=list)
     lines: list = field(default_factory=list)
     values: set = field(default_factory=set)   # expressions of values known per channel
+
+    @classmethod
+    def of(cls, kernel) -> ChannelValues | None:
+        """For a pointwise FusedKernel of static sizes whose innermost loop is short enough for
+        stack arrays and runs often enough for the channel loop to pay; None otherwise."""
+        ranges = kernel.outer_ranges
+        if (kernel.is_reduction or len(ranges) < 2 or ranges[-1] > CHANNEL_MAX
+                or kernel.outer_numel < CHANNEL_MIN_REPEATS * ranges[-1]):
+            return None
+        return cls(kernel.outer_vars[-1], int(ranges[-1]))
 
     def add(self, name: str, ctype: str, expr: str) -> str:
         """A new per-channel value ``name`` = ``expr``; how the loops read it."""

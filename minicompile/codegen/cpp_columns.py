@@ -68,12 +68,10 @@ def render_columns(ck, x, nest) -> list:
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
     out = [f"{CTYPE[dt]} {acc}[{width}];" for acc, dt in accs.values()]
     out += nest([columns], init) + nest(rows, per_row + nest([columns], body))
-    known, post = {}, []
-    post += ck._reduction_results(reds, lanes, known)
+    known = {}
+    post = ck._reduction_results(reds, lanes, known)
     for st in k.stages[1:]:   # per column, after its reduction (a mean's division)
-        ops = ck._ops(known, post, invariant=set())
-        for n in st.nodes:
-            ck.store_or_keep(ops, n, ck.evaluate(ops, n), known)
+        ck.scalar_stage(st, post, known)
     out += nest([columns], post)
     others = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"]
               for v, size in zip(k.outer_vars[:-1], k.outer_ranges[:-1])]

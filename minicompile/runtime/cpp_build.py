@@ -137,8 +137,7 @@ def _parallel_parts(units: tuple) -> list:
         j = sizes.index(min(sizes))
         bins[j].append(k)
         sizes[j] += lines[k]
-    header = f'#include "{PRELUDE_HEADER}"\n'
-    return [header + "".join(units[k].replace(header, "", 1) for k in sorted(b)) for b in bins]
+    return [f'#include "{PRELUDE_HEADER}"\n\n' + "\n\n".join(units[k] for k in sorted(b)) + "\n" for b in bins]
 
 
 def _write(path: str, text: str, tmp: str) -> None:

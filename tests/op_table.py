@@ -157,7 +157,7 @@ SAMPLES = [
     Sample("max_pool2d_dilated", lambda a: F.max_pool2d(a, (3, 2), (1, 2), (1, 0), dilation=(2, 1)), x(1, 2, 9, 8)),
     Sample("max_pool2d_nan", lambda a: F.max_pool2d(torch.where(a > 1.5, torch.nan, a), 2), x(2, 2, 8, 8)),
     # creation
-    Sample("arange", lambda a: a + torch.arange(16), x(*S), fixed=(16,)),
+    Sample("arange", lambda a: a + torch.arange(16, device=a.device), x(*S), fixed=(16,)),
     Sample("zeros_ones_full", lambda a: torch.zeros_like(a) + torch.ones_like(a) * torch.full_like(a, 3.0), x(*S)),
     # composites
     Sample("softmax", lambda a: torch.softmax(a, -1), x(*S)),

@@ -340,6 +340,11 @@ def test_a_graph_that_cannot_be_captured_runs_without_cuda_graphs(caplog):
         torch.testing.assert_close(runner((x,))[0], x * x.sum().item())
         torch.testing.assert_close(runner((x,))[0], x * x.sum().item())
     assert runner.failed and "recording a CUDA graph failed" in caplog.text
+    # refused before a capture began: CUDA's random generator is still usable (a capture aborted
+    # midway left it registered to the dead graph: "Offset increment outside graph capture")
+    assert "synchroniz" in runner.failed
+    torch.randn(8, device="cuda")
+    torch.rand(8, device="cuda").bernoulli_(0.5)
 
 
 @gpu

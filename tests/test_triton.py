@@ -22,7 +22,13 @@ from tests.helpers import compile_fn, run_sample
 from tests.op_table import SAMPLES
 
 pytestmark = pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def gpu(test):
+    """Real Triton kernels on CUDA: marked ``gpu`` (``pytest -m gpu`` selects them), skipped without a device."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
 check = functools.partial(helpers.check, backend="triton")
 
 

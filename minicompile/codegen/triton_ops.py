@@ -49,6 +49,9 @@ TEMPLATES = {
     "xlogy": "tl.where({1} != {1}, {1}, tl.where({0} == 0, 0.0, {0} * tl.log({1})))",
     "where": "tl.where({0}, {1}, {2})",
     "fma": "tl.fma({0}, {1}, {2})", ("fma", "int"): "({0} * {1} + {2})",
+    # tl.sqrt_rn is float32 only (a CompilationError for float64 on a GPU; the interpreter does
+    # not check): float64's tl.sqrt is the IEEE-rounded sqrt.rn.f64
+    ("sqrt", "float64"): "tl.sqrt({0})", ("rsqrt", "float64"): "(1 / tl.sqrt({0}))",
     ("floordiv", "int"): "mc_floordiv_i({0}, {1})", ("truncdiv", "int"): "({0} // {1})",
     ("remainder", "int"): "mc_remainder_i({0}, {1})", ("fmod", "int"): "({0} % {1})",
     ("isnan", "int"): "({0} != {0})", ("isinf", "int"): "({0} != {0})",
@@ -93,18 +96,26 @@ PRELUDE = '''\
 import triton
 import triton.language as tl
 
-from minicompile.runtime.triton_interpret import pick_libdevice
+from minicompile.runtime.triton_interpret import interpreting, pick_libdevice
 
 libdevice = pick_libdevice()  # CUDA's libdevice on a GPU; numpy in the Triton interpreter
 
 
-# float32 rounded to bfloat16's precision, to nearest even as eager rounds (the Triton
-# interpreter's .to(tl.bfloat16) truncates); NaN stays NaN.
+# float32 rounded to bfloat16's precision, to nearest even as eager rounds; NaN stays NaN. On a
+# GPU that is the conversion instruction (one cvt.rn.bf16.f32 each way); the Triton
+# interpreter's .to(tl.bfloat16) truncates, so there the rounding is spelled in integer bits
+# (seven integer operations an element: a bf16 chain of six ops ran 1.7x Inductor's time on an H200).
+MC_HARDWARE_BF16 = tl.constexpr(not interpreting())
+
+
 @triton.jit
 def mc_round_bf16(x):
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+    if MC_HARDWARE_BF16:
+        return x.to(tl.bfloat16).to(tl.float32)
+    else:
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
 
 
 # NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave.

@@ -110,7 +110,10 @@ def _elementwise(schema, arity: int) -> bool:
 
 def pick_template(templates: dict, op: str, operand_dtype: torch.dtype) -> str:
     """A backend's spelling of ``op``: ``templates[op]``, or its ``(op, "bool")`` /
-    ``(op, "int")`` entry for bool / integer operands where the table has one."""
+    ``(op, "int")`` / ``(op, "float64")`` entry for bool / integer / double operands where the
+    table has one."""
+    if operand_dtype == torch.float64 and (op, "float64") in templates:
+        return templates[(op, "float64")]
     if operand_dtype == torch.bool and (op, "bool") in templates:
         return templates[(op, "bool")]
     if not operand_dtype.is_floating_point and (op, "int") in templates:

@@ -7,7 +7,9 @@ arguments, and the addresses of static inputs) it
 
 1. copies the caller's tensors into static input buffers of the same layout,
 2. runs the graph once on a side stream (warm-up: Triton compiles and autotunes, cuBLAS
-   creates its workspace: neither can happen inside a capture),
+   creates its workspace: neither can happen inside a capture), then once more with host
+   synchronisations as errors (a graph that synchronises cannot be captured, and a capture
+   that fails midway would leave CUDA's random generator unusable),
 3. records one CUDA graph of a second run (its intermediates and outputs live in the
    recording's private memory pool),
 
@@ -30,6 +32,7 @@ not support) runs as usual from then on, with one warning.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -94,11 +97,27 @@ def capture(fn: Callable, inputs) -> tuple:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn(inputs)
+            # A capture that fails midway (a host synchronisation: .item(), nonzero) leaves CUDA's
+            # random generator registered to the aborted graph, and every later random op in the
+            # process raises. So a second warm-up runs with synchronisations as errors: such a
+            # graph is refused here, before any capture begins.
+            with _syncs_raise():
+                fn(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = fn(inputs)
     return graph, outputs
+
+
+@contextlib.contextmanager
+def _syncs_raise():
+    saved = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(saved)
 
 
 def signature(args, static: frozenset) -> tuple:

@@ -66,6 +66,12 @@ class InterpreterLibdevice:
         return _lift(np.vectorize(math.erfc, otypes=[np.float64]))(x)
 
 
+def interpreting() -> bool:
+    """Whether kernels defined now run in Triton's interpreter (``TRITON_INTERPRET=1`` while a
+    generated module is imported for CPU tensors) rather than compile for a GPU."""
+    return bool(triton.knobs.runtime.interpret)
+
+
 def pick_libdevice():
     """The real libdevice when kernels compile for a GPU, the numpy shim in the interpreter."""
-    return InterpreterLibdevice if triton.knobs.runtime.interpret else _real_libdevice
+    return InterpreterLibdevice if interpreting() else _real_libdevice

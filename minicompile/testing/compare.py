@@ -117,6 +117,16 @@ def _same_scalar(e, a) -> bool:
 
 
 
+def to_device(t, device):
+    """``t`` on ``device`` with the same size, strides and storage offset (expanded and offset views
+    stay so); ``t`` itself when it is there already."""
+    if not isinstance(t, torch.Tensor) or t.device == torch.device(device):
+        return t
+    n = t.untyped_storage().nbytes() // t.element_size()
+    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,)).to(device)
+    return base.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 def copy_preserving_strides(t):
     """A fresh copy of ``t`` with the same size and strides (so non-contiguous inputs stay so)."""
     if not isinstance(t, torch.Tensor):

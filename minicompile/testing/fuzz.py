@@ -28,11 +28,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from minicompile.pipeline import compile_graph
 from minicompile.testing import compare
-from minicompile.testing.compare import copy_preserving_strides, mismatch
+from minicompile.testing.compare import copy_preserving_strides, mismatch, to_device
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 DTYPES = FLOATS + [torch.int64, torch.bool]
 LAYOUTS = ["contiguous", "transposed", "strided", "offset", "expanded"]
+# Where programs' inputs live (``--device``): inputs are made on the CPU from their seeds, so a
+# program is the same on every device, then moved with their layouts kept.
+DEVICE = "cpu"
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float64: (1e-9, 1e-9), torch.bfloat16: (5e-2, 5e-2)}
 
 
@@ -65,7 +68,7 @@ class Program:
         return ns["program"]
 
     def make_inputs(self):
-        return [make_input(i.shape, i.dtype, i.layout, seed=i.seed) for i in self.inputs]
+        return [to_device(make_input(i.shape, i.dtype, i.layout, seed=i.seed), DEVICE) for i in self.inputs]
 
     def reproducer(self, message: str = "", template: str = "") -> str:
         return (template or REPRO_TEMPLATE).format(
@@ -524,6 +527,20 @@ def run(seed: int, n: int, batch: int = 8, repro_dir: str = "fuzz-repros", log=p
     return failures
 
 
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu",
+                   help="where inputs live: cpu (C++ kernels, or Triton's interpreter with "
+                        "MINICOMPILE_CPU_BACKEND=triton) or cuda (Triton kernels on the GPU)")
+
+
+def use_device(device: str) -> None:
+    """Run programs on ``device``; a device torch cannot use is a clear error, not a crash per program."""
+    global DEVICE
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"fuzz: --device {device}, but torch sees no CUDA device here")
+    DEVICE = device
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Fuzz minicompile with random programs compared against eager.")
     p.add_argument("--seed", type=int, default=0, help="first program's seed (program k uses seed+k)")
@@ -533,10 +550,12 @@ def main(argv=None) -> int:
     p.add_argument("--show", type=int, help="print program SEED as a standalone file and exit")
     p.add_argument("--dynamic", action="store_true",
                    help="compile with symbolic sizes and call at three sizes (testing/fuzz_dynamic.py)")
+    add_device_argument(p)
     args = p.parse_args(argv)
     if args.show is not None:
         print(generate(args.show).reproducer(f"fuzzer seed {args.show}"))
         return 0
+    use_device(args.device)
     check = check_batch
     if args.dynamic:
         from minicompile.testing.fuzz_dynamic import check_batch as check

@@ -154,10 +154,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=10, help="programs compiled together as one graph")
     p.add_argument("--repro-dir", default="fuzz-repros", help="where minimal reproducers are written")
     p.add_argument("--show", type=int, help="print program SEED as a standalone file and exit")
+    fuzz.add_device_argument(p)
     args = p.parse_args(argv)
     if args.show is not None:
         print(generate(args.show).reproducer(f"training fuzzer seed {args.show}", TRAIN_REPRO_TEMPLATE))
         return 0
+    fuzz.use_device(args.device)
     return 1 if run(args.seed, args.n, args.batch, args.repro_dir) else 0
 
 

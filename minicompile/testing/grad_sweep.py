@@ -112,7 +112,8 @@ def run_with_grads(fn, inputs: list, seed: int, cotangent_dtypes=None):
     diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
     g = torch.Generator().manual_seed(1234)
     dtypes = cotangent_dtypes or [o.dtype for o in diff]
-    cotangents = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(dt).to(o.dtype) for o, dt in zip(diff, dtypes)]
+    cotangents = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(dt).to(o.dtype).to(o.device)
+                  for o, dt in zip(diff, dtypes)]
     grads = torch.autograd.grad(diff, wrt, cotangents, allow_unused=True) if diff else [None] * len(wrt)
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs], list(grads), len(diff)
 

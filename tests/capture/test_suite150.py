@@ -24,8 +24,12 @@ def _dynamo_graphs(fn, args):
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(fn, backend=backend)(*copy.deepcopy(args))
-    torch._dynamo.reset()
+    try:
+        out = torch.compile(fn, backend=backend)(*copy.deepcopy(args))
+    except Exception as e:  # noqa: BLE001 - Dynamo's own bug in some torch builds: nothing to compare with
+        return e, None
+    finally:
+        torch._dynamo.reset()
     return out, count[0]
 
 
@@ -38,9 +42,14 @@ def test_capture_suite(name):
         got = compiled(*copy.deepcopy(args))
         assert same(got, expected), f"{name}: minicompile gives\n{got}\nexpected\n{expected}"
     dyn_out, dyn_graphs = _dynamo_graphs(fn, args)
-    assert same(dyn_out, expected)
     report = compiled.capture_report
     ours = report.graph_count
+    if dyn_graphs is None:
+        # Dynamo raised (torch 2.11's rebuilding of a namedtuple made by _make/_replace asserts in
+        # side_effects.py): ours still matched eager above; no count to hold it to
+        assert not report.fallbacks, f"{name}: Dynamo raised {dyn_out!r}; ours fell back\n{report}"
+        return
+    assert same(dyn_out, expected)
     if name in NOT_YET:
         assert ours > dyn_graphs or report.fallbacks, f"{name} now captures: remove it from NOT_YET"
         return

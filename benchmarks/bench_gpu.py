@@ -112,20 +112,34 @@ def min_bytes(fn, inputs) -> int:
     return sum(t.numel() * t.element_size() for t in (*inputs, *outs))
 
 
-def difference(expected, actual, dtype) -> str:
-    """"ok" when every output is within the dtype's tolerance of eager's, else the largest difference."""
+def _max_relative(a, b) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1.0)).item()
+
+
+def difference(expected, actual, dtype, reference=None) -> str:
+    """"ok" when every output is within the dtype's tolerance of eager's, else the largest difference.
+
+    For bfloat16 with a ``reference`` (the same function on float32 copies of the inputs), an
+    output is also ok when it is no further from the reference than eager's is (plus 10%): a deep
+    bf16 graph differs from eager by rounding noise alone (the transformer block: eager 0.24 of
+    its largest value from float32, ours and Inductor's 0.06-0.07 from eager, on an H200)."""
     tol = {torch.float32: 2e-3, torch.bfloat16: 6e-2}.get(dtype, 2e-3)
-    exp = expected if isinstance(expected, (tuple, list)) else (expected,)
-    act = actual if isinstance(actual, (tuple, list)) else (actual,)
-    worst = 0.0
-    for e, a in zip(exp, act):
+    as_tuple = lambda v: v if isinstance(v, (tuple, list)) else (v,)  # noqa: E731
+    refs = as_tuple(reference) if reference is not None else [None] * len(as_tuple(expected))
+    worst, notes = 0.0, []
+    for e, a, r in zip(as_tuple(expected), as_tuple(actual), refs):
         if not isinstance(e, torch.Tensor):
             continue
         if e.shape != a.shape:
             return f"shape {tuple(a.shape)} != eager's {tuple(e.shape)}"
-        scale = e.float().abs().max().clamp(min=1.0)
-        worst = max(worst, ((e.float() - a.float()).abs().max() / scale).item())
-    return "ok" if worst <= tol else f"WRONG: {worst:.2e} relative"
+        err = _max_relative(a, e)
+        if err > tol and r is not None and _max_relative(a, r) <= 1.1 * _max_relative(e, r):
+            notes.append(f"{err:.0e} from eager, as far from float32 as eager")
+            continue
+        worst = max(worst, err)
+    if worst > tol:
+        return f"WRONG: {worst:.2e} relative"
+    return "ok" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 class Table:
@@ -156,7 +170,8 @@ def kernel_rows(out: Table, args, device: str, size: str, reps: int, copy_bw, ba
                     expected = fn(*inputs)
                     t_eager = timed(fn, inputs, reps, device)
                     ours = compile_fn(fn, "minicompile")
-                    check = difference(expected, ours(*inputs), dtype)
+                    reference = fn(*[t.float() for t in inputs]) if dtype != torch.float32 else None
+                    check = difference(expected, ours(*inputs), dtype, reference)
                     t_ours = timed(ours, inputs, reps, device)
                     t_ind = None
                     if "inductor" in backends:

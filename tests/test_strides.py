@@ -64,3 +64,22 @@ def test_unary_of_integer_input_and_ternary():
     assert predicted(torch.add(x, row), x, row) == torch.add(x, row).stride()
     out = torch.where(cond, row, x)
     assert predicted(out, cond, row, x, skip_first=True) == out.stride()
+
+
+@pytest.mark.parametrize("device, expected", [("cpu", (3, 1)), ("cuda", (1, 8))])
+def test_mixed_dtype_strides_follow_the_device(device, expected):
+    # CPU converts an input of another dtype into a contiguous copy first; CUDA converts inside
+    # its kernel, so the expanded input keeps stride 0 and the transposed one decides the order
+    # (measured on an H200: (1, 8); fuzzer seed 223). Fake tensors need no GPU.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from minicompile.aot.strides import restride_elementwise
+    mode = FakeTensorMode()
+    with mode:
+        a = torch.empty(8, 1, device=device).expand(8, 3)
+        b = torch.empty(3, 8, dtype=torch.float64, device=device).t()
+    gm = make_fx(lambda a, b: a * b, tracing_mode="fake")(a, b)
+    restride_elementwise(gm, mode)
+    (out,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert out.meta["val"].stride() == expected

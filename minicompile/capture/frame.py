@@ -56,6 +56,7 @@ class CodeInfo:
     # something other than grad mode): code run natively from a break would not see the
     # handler or ``__exit__`` if it raised. None when breaks can be split.
     unsplittable: str | None = None
+    handles_exceptions: bool = False   # has a try or with block (PUSH_EXC_INFO)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -68,7 +69,8 @@ def code_info(code: types.CodeType) -> CodeInfo:
         if starts.get(inst.offset) is not None:
             line = starts[inst.offset]
         lines[inst.offset] = line
-    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts))
+    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts),
+                    any(inst.opname == "PUSH_EXC_INFO" for inst in insts))
 
 
 def _unsplittable(insts: list) -> str | None:

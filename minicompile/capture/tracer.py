@@ -20,8 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture import dynamic
 from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter, SymCell,
-                                           SymIter, TensorVar)
+from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
+                                           ResumeIter, SymCell, SymIter, TensorMethod, TensorVar)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)
@@ -101,6 +101,7 @@ class Tracer:
         self.inputs: list[GraphInput] = []
         self.by_source: dict[str, object] = {}
         self.tensor_by_id: dict[int, TensorVar] = {}
+        self.opaque_by_id: dict[int, OpaqueValue] = {}
         self.obj_source: dict[int, str] = {}
         self.tracked: list[TrackedContainer] = []
         self.tracked_by_id: dict[int, TrackedContainer] = {}
@@ -163,6 +164,8 @@ class Tracer:
         if type(value) in _CONST_TYPES:
             g.constant(source, value)
             return value
+        if _is_data(value, source):
+            return self._wrap_opaque(value, source)
         if isinstance(value, torch.nn.Module):
             g.identity(source, value)
             self._remember(value, source)
@@ -201,11 +204,18 @@ class Tracer:
         if type(value) in _DICT_VIEWS:
             return self._wrap_view(value, source)
         if isinstance(value, types.BuiltinMethodType) and not isinstance(
-                value.__self__, (types.ModuleType, torch.Tensor, type(None))) and getattr(
+                value.__self__, (types.ModuleType, type(None))) and getattr(
                 value.__self__, value.__name__, None) is not value:
-            # a bound method made per read (``d.update``): guard its object and name, not its identity
+            # a bound method made per read (``d.update``, ``x.clamp``): guard its object and name,
+            # not its identity
+            g.type_is(source, type(value))
             g.add(f"{source}.__name__ == {value.__name__!r}")
-            return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
+            owner = self.wrap(value.__self__, f"{source}.__self__")
+            if isinstance(owner, OpaqueValue):   # ``a.sum`` of an array: calling it is a break
+                return self._wrap_opaque(value, source)
+            if isinstance(owner, TensorVar):
+                return TensorMethod(owner, value.__name__)
+            return getattr(owner, value.__name__)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)
             g.add(f"{source}.pos == 0")
@@ -248,6 +258,16 @@ class Tracer:
         g.type_is(source, type(value))
         self._remember(value, source)
         return value
+
+    def _wrap_opaque(self, value, source: str) -> OpaqueValue:
+        same = self.opaque_by_id.get(id(value))
+        if same is not None:
+            self.guards.alias(source, same.source)
+            return same
+        self.guards.type_is(source, type(value))
+        self.opaque_by_id[id(value)] = var = OpaqueValue(type(value), source)
+        self._keep.append(value)
+        return var
 
     def _wrap_view(self, view, source: str):
         """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
@@ -339,7 +359,7 @@ class Tracer:
     def overlay(self, obj, name: str, default=NULL):
         value = self.attr_overlay.get((id(obj), name), default)
         if value is _DELETED:   # deleted in this trace (a class attribute would show: not modeled)
-            raise GraphBreak(f"AttributeError: attribute {name!r} was deleted")
+            raise MissingAttribute(f"AttributeError: attribute {name!r} was deleted")
         return value
 
     # ------------------------------------------------------------------ grad mode
@@ -420,6 +440,22 @@ class Tracer:
 
 
 _DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>"})()
+
+
+def _is_data(value, source: str) -> bool:
+    """A NumPy array anywhere, or a NumPy scalar in the frame itself (``.numpy()``'s, or a
+    reduction's, handed over at a graph break): values that may hold a tensor's data, which
+    the trace must neither compute with nor guard on (OpaqueValue). A NumPy scalar held in an
+    attribute or a global is a constant of the program, guarded by value like a float."""
+    if type(value).__module__ != "numpy":   # (no NumPy import: torch runs without it)
+        return False
+    if type(value).__name__ in ("ndarray", "matrix", "memmap", "recarray"):
+        return True
+    return getattr(value, "shape", None) == () and _frame_value(source)
+
+
+def _frame_value(source: str) -> bool:
+    return source.startswith("L[") and source.endswith("]") and source[2:-1].isdigit()
 
 
 def _readable(source: str, names: dict) -> str:

@@ -20,7 +20,7 @@ from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.dynamic import SYM_TYPES, concrete
 from minicompile.capture.variables import (NULL, GraphBreak, LazyIter, MissingAttribute, OpaqueValue, SymBoundMethod,
-                                           SymFunction, SymIter,
+                                           SymFunction, SymIter, refuse_opaque,
                                            TensorMethod, TensorVar, contains_symbolic, unfinished)
 
 BUILTINS: dict = {}
@@ -35,6 +35,7 @@ def builtin(*fns):
 
 
 def _constant_args(name: str, args, kwargs) -> None:
+    refuse_opaque(f"{name}()", *args, *kwargs.values())
     if contains_symbolic((list(args), kwargs)):
         raise GraphBreak(f"{name}() on tensors or traced objects needs their values")
 

@@ -27,7 +27,7 @@ from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
                                            GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
-                                           SymFunction,
+                                           SymFunction, refuse_opaque,
                                            TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
@@ -410,6 +410,7 @@ def _fromkeys(tracer: Tracer, args, kwargs):
 
 
 def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
+    refuse_opaque(describe(fn), *args, *kwargs.values())
     if any(isinstance(a, TensorVar) for a in args):
         if fn in _MATH_FUNCS:
             raise GraphBreak(f"math.{fn.__name__} on a tensor needs its value")

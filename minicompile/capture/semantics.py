@@ -15,8 +15,10 @@ from torch import nn
 
 from minicompile.capture import objects
 from minicompile.capture.tracer import Tracer, is_stable_module
-from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
+                                           SymBoundMethod, SymCell,
+                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
+                                           refuse_opaque)
 
 BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -76,13 +78,33 @@ def is_plain(v) -> bool:
     return isinstance(v, (*_PLAIN, numbers.Number))   # numbers include NumPy scalars
 
 
-def _opaque(what: str, *values) -> None:
-    for v in values:
-        if isinstance(v, OpaqueValue):
-            raise GraphBreak(f"{what} reads a {v.cls.__name__} from {v.source} (its data is not traced)")
+_opaque = refuse_opaque
+# Operators whose result with a tensor and a Python float the graph computes exactly from a
+# 0-d float64 tensor in the float's place (same dtype, same kernel arithmetic).
+_SCALAR_GRAPH_OPS = {operator.add, operator.sub, operator.mul, operator.truediv, *_COMPARES}
+
+
+def _scalar_binary(tracer: Tracer, fn, a, b):
+    """``tensor <op> v`` (or ``v <op> tensor``) for an unspecialised float ``v`` (ScalarVar)."""
+    scalar, other = (a, b) if isinstance(a, ScalarVar) else (b, a)
+    plain = _OUT_OF_PLACE.get(fn, fn)
+    if plain not in _SCALAR_GRAPH_OPS or not isinstance(other, TensorVar) or other.fake.dtype.is_complex:
+        refuse_opaque(f"operator {fn.__name__}", scalar)
+    operand = scalar.tensor
+    if not other.fake.dtype.is_floating_point:   # int/bool tensor with a float: the default dtype
+        operand = tracer.call_graph("call_method", "to", (operand, torch.get_default_dtype()))
+    if scalar is a and plain is operator.truediv:   # Tensor.__rtruediv__: reciprocal, then multiply
+        other, plain = tracer.call_graph("call_function", torch.reciprocal, (other,)), operator.mul
+    op = fn if isinstance(a, TensorVar) else plain   # ``t += v`` stays in place; ``v += t`` does not
+    result = tracer.call_graph("call_function", op, (operand, other) if scalar is a else (other, operand))
+    if plain not in _COMPARES and result.fake.dtype != torch.result_type(other.fake, 0.5):
+        refuse_opaque(f"operator {fn.__name__}", scalar)
+    return result
 
 
 def binary(tracer: Tracer, fn, a, b):
+    if isinstance(a, ScalarVar) or isinstance(b, ScalarVar):
+        return _scalar_binary(tracer, fn, a, b)
     _opaque(f"operator {fn.__name__}", a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         if not isinstance(a, TensorVar) and isinstance(a, numbers.Number):
@@ -102,6 +124,7 @@ def _default_eq(v) -> bool:
 
 
 def unary(tracer: Tracer, fn, v):
+    _opaque(f"unary {fn.__name__}", v)
     if isinstance(v, TensorVar):
         if fn is operator.not_:
             raise GraphBreak("`not tensor` needs the tensor's value (data-dependent)")

@@ -21,7 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from minicompile.capture import dynamic
 from minicompile.capture.guards import Guards, Namespace
 from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
-                                           ResumeIter, SymCell, SymIter, TensorMethod, TensorVar)
+                                           ResumeIter, ScalarVar, SymCell, SymIter, TensorMethod, TensorVar,
+                                           refuse_opaque)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)
@@ -102,6 +103,10 @@ class Tracer:
         self.by_source: dict[str, object] = {}
         self.tensor_by_id: dict[int, TensorVar] = {}
         self.opaque_by_id: dict[int, OpaqueValue] = {}
+        # Floats in the frame at a resume point are unspecialised inputs (ScalarVar), except these
+        # sources, whose values a trace needed (set by segment._trace).
+        self.scalar_inputs = False
+        self.specialised: set = set()
         self.obj_source: dict[int, str] = {}
         self.tracked: list[TrackedContainer] = []
         self.tracked_by_id: dict[int, TrackedContainer] = {}
@@ -161,6 +166,8 @@ class Tracer:
         g = self.guards
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if type(value) is float and self.scalar_inputs and _frame_value(source) and source not in self.specialised:
+            return self._wrap_scalar(value, source)
         if type(value) in _CONST_TYPES:
             g.constant(source, value)
             return value
@@ -268,6 +275,21 @@ class Tracer:
         self.opaque_by_id[id(value)] = var = OpaqueValue(type(value), source)
         self._keep.append(value)
         return var
+
+    def _wrap_scalar(self, value: float, source: str) -> ScalarVar:
+        """A float the graph takes as a 0-d float64 input, its value unguarded (``.item()``'s)."""
+        self.guards.type_is(source, float)
+        self.ns.values["_f64"] = _f64
+        real = _f64(value)
+        anchor = self.inputs[-1].var.node if self.inputs else None
+        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+            node = self.graph.placeholder(self._placeholder_name(source))
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node.meta["example_value"] = fake
+        var = TensorVar(node, fake, torch.Tensor, None)
+        self.inputs.append(GraphInput(f"_f64({source})", var, real))
+        self._keep.append(real)
+        return ScalarVar(float, source, var)
 
     def _wrap_view(self, view, source: str):
         """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
@@ -442,6 +464,10 @@ class Tracer:
 _DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>"})()
 
 
+def _f64(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float64)
+
+
 def _is_data(value, source: str) -> bool:
     """A NumPy array anywhere, or a NumPy scalar in the frame itself (``.numpy()``'s, or a
     reduction's, handed over at a graph break): values that may hold a tensor's data, which
@@ -486,6 +512,7 @@ def graph_constant(v):
     """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
     the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
     graph break rather than a NameError or SyntaxError when the graph runs."""
+    refuse_opaque("a torch op", v)
     if isinstance(v, (TensorVar, torch.Tensor, *dynamic.SYM_TYPES)) or type(v) in _GRAPH_CONSTANTS or (
             type(v) is type and v in _GRAPH_TYPES):
         return v

@@ -168,6 +168,33 @@ class OpaqueValue:
 
 
 @dataclass(eq=False)
+class ScalarVar(OpaqueValue):
+    """A Python float in the frame at a resume point (``v = t.sum().item()`` handed over at the
+    break), not specialised: the graph takes it as a 0-d float64 input (``tensor``), so its value
+    is in no guard. Arithmetic and comparisons with a tensor are graph ops; any other use
+    specialises it (SpecialiseScalar: the segment is traced again with it a guarded constant)."""
+    tensor: Any = None   # TensorVar of the graph input
+
+
+class SpecialiseScalar(GraphBreak):
+    """A ScalarVar was used where its value is needed: trace again with ``source`` a constant."""
+
+    def __init__(self, reason: str, source: str):
+        super().__init__(reason)
+        self.source = source
+
+
+def refuse_opaque(what: str, *values) -> None:
+    """``what`` reads the value of an OpaqueValue among ``values``: a break (a ScalarVar: trace
+    again with it specialised)."""
+    for v in values:
+        if isinstance(v, ScalarVar):
+            raise SpecialiseScalar(f"{what} needs the value of the float at {v.source}", v.source)
+        if isinstance(v, OpaqueValue):
+            raise GraphBreak(f"{what} reads a {v.cls.__name__} from {v.source} (its data is not traced)")
+
+
+@dataclass(eq=False)
 class SymCell:
     """A closure cell created while tracing (``MAKE_CELL``)."""
     value: Any = EMPTY

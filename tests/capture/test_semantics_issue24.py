@@ -178,3 +178,46 @@ def f_numpy_scalar_math(x):
 def test_numpy_scalar_from_a_tensor_is_not_a_constant():
     compiled = run_both(f_numpy_scalar_math, one_tensor)
     assert not compiled.capture_report.recompiles, compiled.capture_report
+
+
+# ---------------------------------------------------------------------- scalars from .item()
+def f_item(x):
+    v = x.sum().item()
+    return x * v, v, x > v, x.int() - v, v / x
+
+
+def test_item_scalar_is_an_input_not_a_guard():
+    compiled = run_both(f_item, lambda call: (data(call, 3),), calls=100)
+    report = compiled.capture_report
+    assert len(report.entries) <= 3 and len(report.recompiles) == 0, report
+    assert "float" in str(report), report   # the resume entry guards its type, not its value
+
+
+def f_item_needs_value(x):
+    v = x.sum().item()
+    return x * round(v, 2) if v > 0 else x - v
+
+
+def test_item_scalar_whose_value_is_needed_is_specialised_and_right():
+    run_both(f_item_needs_value, lambda call: (data(call, 3),), calls=6)
+
+
+def f_loop_break(x):
+    for i in range(20):
+        x = x + 1
+        print(end="")
+    return x
+
+
+def test_recompile_limit_message_says_the_limit_it_applied():
+    # a break outside a loop holds recompile_limit entries; inside a loop 8 times that
+    with minicompile.patch(recompile_limit=2), pytest.warns(UserWarning) as w:
+        run_both(f_item_needs_value, lambda call: (data(call, 3),), calls=6)
+        compiled = capture_compile(f_loop_break)
+        for _ in range(2):
+            assert torch.equal(compiled(torch.zeros(2)), torch.full((2,), 20.0))
+    msgs = [str(m.message) for m in w if "recompile limit" in str(m.message)]
+    assert len(msgs) == 2, msgs
+    assert "(2 entries at the resume point" in msgs[0] and "L[2] (a value on the stack) ==" in msgs[0], msgs[0]
+    assert "(16 entries at the resume point" in msgs[1] and "x 8: it is inside a loop" in msgs[1], msgs[1]
+    assert "L[1] (i) == " in msgs[1], msgs[1]

@@ -47,8 +47,13 @@ def _replace_contents(target, items) -> None:
     target.update(items)
 
 
+def _replace_deque(target: collections.deque, items) -> None:
+    target.clear()
+    target.extend(items)
+
+
 _REPLACE = {list: "_replace_list", dict: "_replace_contents", collections.OrderedDict: "_replace_contents",
-            set: "_replace_contents"}
+            set: "_replace_contents", collections.deque: "_replace_deque"}
 
 
 class Reifier:
@@ -63,7 +68,7 @@ class Reifier:
         self.memo: dict[int, str] = {}
         ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
                          _ResumeIter=ResumeIter, _replace_list=_replace_list,
-                         _replace_contents=_replace_contents)
+                         _replace_contents=_replace_contents, _replace_deque=_replace_deque)
 
     def _temp(self, obj, text: str) -> str:
         name = f"t{len(self.memo)}"

@@ -43,7 +43,7 @@ DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()),
               type(_OD.keys()), type(_OD.values()), type(_OD.items()))
 # Containers traced as copies that hold symbolic values (their subclasses are objects).
 DICT_TYPES = (dict, collections.OrderedDict)
-MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
+MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict, collections.deque)
 # ``__getitem__`` implementations that only read storage: safe to run on the real object.
 _STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
 _PLAIN = (types.MappingProxyType, collections.deque, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
@@ -449,7 +449,8 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
 
 
 _GUARDED_CLASS_ATTRS = {int, float, bool, str, type(None), list, dict, collections.OrderedDict, set}
-_PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
+_PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict,
+                     collections.deque, tuple, str, bytes, set, frozenset, range, slice,
                      torch.dtype, torch.device, int, float, complex, bool, type(None)}
 
 

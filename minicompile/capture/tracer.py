@@ -192,6 +192,13 @@ class Tracer:
             copy = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
             self._track(source, copy, value)
             return copy
+        if type(value) is collections.deque:   # traced on a copy, like a list
+            g.type_is(source, collections.deque)
+            g.length(source, len(value))
+            g.add(f"{source}.maxlen == {value.maxlen!r}")
+            copy = collections.deque([self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)], value.maxlen)
+            self._track(source, copy, value)
+            return copy
         if type(value) in (dict, collections.OrderedDict):
             g.type_is(source, type(value))
             keys = list(value.keys())

@@ -221,3 +221,67 @@ def test_recompile_limit_message_says_the_limit_it_applied():
     assert "(2 entries at the resume point" in msgs[0] and "L[2] (a value on the stack) ==" in msgs[0], msgs[0]
     assert "(16 entries at the resume point" in msgs[1] and "x 8: it is inside a loop" in msgs[1], msgs[1]
     assert "L[1] (i) == " in msgs[1], msgs[1]
+
+
+# ---------------------------------------------------------------------- containers
+def f_deque(x):
+    d = collections.deque([x, "a"])
+    d.append(x + 1)
+    d.extend([x * 2, "b"])
+    d.insert(0, "foo")
+    d.pop()
+    d.extendleft(["c", x])
+    d[2] = x - 1
+    d.rotate(1)
+    out = list(d)
+    first = d.popleft()
+    d.clear()
+    return out, first, len(d), d
+
+
+def f_deque_input(x, d):
+    d.appendleft(x * 2)
+    d[1] = "mid"
+    d.append(len(d))
+    return x + 1
+
+
+def test_deque_keeps_pythons_order():
+    compiled = run_both(f_deque, one_tensor)
+    assert compiled.capture_report.break_count == 0, compiled.capture_report
+    # a deque from the caller is traced on a copy and its final contents written back
+    compiled = capture_compile(f_deque_input)
+    for call in range(3):
+        x = data(call)
+        mine, theirs = collections.deque([x, "a", 3], maxlen=5), collections.deque([x, "a", 3], maxlen=5)
+        assert same(f_deque_input(x, mine), compiled(x, theirs)) and same(mine, theirs), (mine, theirs)
+
+
+def f_dicts(x):
+    d = collections.defaultdict(list)
+    d.setdefault("k", []).append(x)
+    e = {}
+    e.update([("a", x), ("b", 2)])
+    e.update({"c": x * 2}, d=4)
+    e.update(f=5)
+    missing = e.pop("zz", 7)
+    got = e.setdefault("a", None)
+    return d["k"][0] + 1, e, missing, got, sorted(d)
+
+
+def test_dict_methods_in_every_argument_form():
+    run_both(f_dicts, one_tensor)
+
+
+def f_dict_input(x, e):
+    e.update([("new", x)], other=1)
+    e.setdefault("s", 3)
+    return e.pop("a") + x
+
+
+def test_dict_from_the_caller_updated_with_pairs():
+    compiled = capture_compile(f_dict_input)
+    for call in range(3):
+        x = data(call)
+        mine, theirs = {"a": x * 2}, {"a": x * 2}
+        assert same(f_dict_input(x, mine), compiled(x, theirs)) and same(mine, theirs)

@@ -79,7 +79,11 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # parallel translation units (runtime/cpp_build.py) and each kernel's reads recorded once ~65;
 # unique graph argument names in capture ~10, values compared bit for bit kept out of backward's
 # recompute (aot/partition.py) ~12.
-CORE_LINE_BUDGET = 15_915
+# Issue 24's front-end semantics: getattr/hasattr answered where Python raises AttributeError (the
+# absence guarded), id() of identity-guarded values, NumPy values of tensors opaque, ~155: 16068;
+# .item()'s floats as unspecialised graph inputs and the recompile limit's honest message ~125;
+# deques from inputs traced on copies ~12: 16205.
+CORE_LINE_BUDGET = 16_205
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

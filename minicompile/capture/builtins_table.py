@@ -1,7 +1,7 @@
 """Python builtins the tracer understands: one handler per builtin, in one table.
 
 A handler gets ``(tracer, args, kwargs)`` with symbolic values and returns a symbolic
-value. A builtin missing from this table (``print``, ``id``, ``open``, ...) is a graph
+value. A builtin missing from this table (``print``, ``open``, ``input``, ...) is a graph
 break: it runs in real Python between two graphs.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ from torch import nn
 from minicompile.capture import objects, semantics
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.dynamic import SYM_TYPES, concrete
-from minicompile.capture.variables import (NULL, GraphBreak, LazyIter, SymBoundMethod, SymFunction, SymIter,
+from minicompile.capture.variables import (NULL, GraphBreak, LazyIter, MissingAttribute, OpaqueValue, SymBoundMethod,
+                                           SymFunction, SymIter, refuse_opaque,
                                            TensorMethod, TensorVar, contains_symbolic, unfinished)
 
 BUILTINS: dict = {}
@@ -34,6 +35,7 @@ def builtin(*fns):
 
 
 def _constant_args(name: str, args, kwargs) -> None:
+    refuse_opaque(f"{name}()", *args, *kwargs.values())
     if contains_symbolic((list(args), kwargs)):
         raise GraphBreak(f"{name}() on tensors or traced objects needs their values")
 
@@ -226,7 +228,7 @@ _SYM_PYTHON = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 def _type_of(v) -> type:
     if isinstance(v, SYM_TYPES):   # a symbolic size stands for an int
         return _SYM_PYTHON[type(v)]
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, OpaqueValue)):
         return v.cls
     if isinstance(v, SymFunction):
         return type(_type_of)
@@ -251,34 +253,58 @@ def _callable(tracer: Tracer, args, kwargs):
     v = args[0]
     if isinstance(v, (SymFunction, SymBoundMethod, TensorMethod)):
         return True
-    if isinstance(v, TensorVar):
+    if isinstance(v, (TensorVar, OpaqueValue)):
         return False
     return callable(v)
 
 
+def _attr_name(name) -> str:
+    if type(name) is not str:
+        raise GraphBreak(f"attribute name is a {type(name).__name__}, not a str (TypeError in Python)")
+    return name
+
+
 @builtin(builtins.getattr)
 def _getattr(tracer: Tracer, args, kwargs):
-    obj, name = args[0], args[1]
+    if kwargs or len(args) not in (2, 3):
+        raise GraphBreak("getattr() with other arguments than (obj, name[, default])")
+    obj, name = args[0], _attr_name(args[1])
     if len(args) == 3:
         try:
             return semantics.getattr_(tracer, obj, name)
-        except GraphBreak as e:
-            if "AttributeError" in e.reason and not e.retrace:
-                return args[2]
-            raise
+        except MissingAttribute as e:   # only where Python raises AttributeError (guarded absent)
+            if e.retrace:
+                raise
+            return args[2]
     return semantics.getattr_(tracer, obj, name)
 
 
 @builtin(builtins.hasattr)
 def _hasattr(tracer: Tracer, args, kwargs):
-    obj, name = args
+    if kwargs or len(args) != 2:
+        raise GraphBreak("hasattr() with other arguments than (obj, name)")
+    obj, name = args[0], _attr_name(args[1])
     try:
         semantics.getattr_(tracer, obj, name)
-    except GraphBreak as e:
-        if "AttributeError" in e.reason and not e.retrace:
-            return False
-        raise
+    except MissingAttribute as e:
+        if e.retrace:
+            raise
+        return False
     return True
+
+
+# Objects whose identity every trace that sees them guards (or that exist once per process):
+# ``id()`` of them is a constant of the entry.
+_STABLE_IDENTITY = (type(None), bool, type(NotImplemented), type(...), type, types.ModuleType, nn.Module)
+
+
+@builtin(builtins.id)
+def _id(tracer: Tracer, args, kwargs):
+    (v,) = args
+    if isinstance(v, _STABLE_IDENTITY) or (
+            isinstance(v, types.FunctionType) and "<locals>" not in v.__qualname__):
+        return id(v)
+    raise GraphBreak(f"id() of a {_type_of(v).__name__} (not the same object on every call)")
 
 
 @builtin(builtins.setattr)

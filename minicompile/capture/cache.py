@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import types
 import warnings
 
@@ -20,7 +21,7 @@ from torch.nn.modules import module as nn_module
 from minicompile.capture.dynamic import FrameSizes
 from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
 from minicompile.capture.fallback import try_fx
-from minicompile.capture.frame import arg_names, bind_arguments, prescan
+from minicompile.capture.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
 from minicompile.capture.native import NativeEntry
 from minicompile.capture.segment import MISS, CannotCapture, trace_segment
 from minicompile.config import config
@@ -28,8 +29,9 @@ from minicompile.config import config
 log = logging.getLogger("minicompile.capture")
 
 # A resume point inside a loop gets one entry per iteration state (loop counter, items
-# left), so it may hold this many times the recompile limit before the function goes eager.
-RESUME_LIMIT_FACTOR = 8
+# left), so it may hold this many times the recompile limit before the function goes eager;
+# any other offset holds ``config.recompile_limit`` entries.
+LOOP_LIMIT_FACTOR = 8
 
 
 def eager_backend(gm: torch.fx.GraphModule, example_inputs: list):
@@ -99,6 +101,7 @@ class CodeCache:
         self.ctx = ctx
         self.entries: dict[int, list] = {0: []}
         self.sizes: dict[int, FrameSizes] = {}   # per offset: the sizes its traces saw
+        self.specialised_floats: dict[int, set] = {}   # per offset: float sources a trace needed the value of
         self.fast0: list = []          # entries[0]'s fast functions, what the wrapper loops over
         self.eager = False
         self._warned = False
@@ -125,12 +128,12 @@ class CodeCache:
             return fn(*args, **kwargs)
         entries = self.entries[0]
         if entries:
-            guard = self._failed_guard(entries, L)
+            guard = self._failed_guard(entries, 0, L)
             limit_hit = len(entries) >= config.recompile_limit
             self.ctx.report.recompiles.append(RecompileRecord(self.code.co_name, 0, guard, limit_hit))
             log.info("recompiling %s: guard failed: %s", self.code.co_name, guard)
             if limit_hit:
-                self._go_eager(guard)
+                self._go_eager(guard, 0)
                 return fn(*args, **kwargs)
         reason = self.ctx.force_fallback or prescan(self.code)
         if reason is None:
@@ -154,15 +157,14 @@ class CodeCache:
             if r is not MISS:
                 return r
         if entries:
-            guard = self._failed_guard(entries, L)
-            # Loops with a break in their body resume here once per iteration state.
-            limit_hit = len(entries) >= config.recompile_limit * RESUME_LIMIT_FACTOR
+            guard = self._failed_guard(entries, offset, L)
+            limit_hit = len(entries) >= self.limit(offset)
             self.ctx.report.recompiles.append(RecompileRecord(self.code.co_name, offset, guard, limit_hit))
             log.info("recompiling %s at offset %d: guard failed: %s", self.code.co_name, offset, guard)
             if limit_hit:
                 # Halfway through a call there is no eager frame to return to: finish this
                 # call compiled, and run later calls eagerly from the start.
-                self._go_eager(guard)
+                self._go_eager(guard, offset)
         return self.new_resume_entry(offset, L).run(L)
 
     def new_resume_entry(self, offset: int, L: tuple, record: bool = True):
@@ -179,20 +181,36 @@ class CodeCache:
         self.entries.setdefault(offset, []).append(entry)
         return entry
 
-    def _failed_guard(self, entries: list, L: tuple) -> str:
-        guards = entries[-1].guards
-        return (guards.first_failure(L) if guards is not None else None) or "(no single guard failed)"
+    def limit(self, offset: int) -> int:
+        """Entries allowed at ``offset``: the recompile limit, times LOOP_LIMIT_FACTOR at a resume
+        point inside a loop (one entry per iteration state)."""
+        return config.recompile_limit * (LOOP_LIMIT_FACTOR if offset in loop_bodies(self.code) else 1)
 
-    def _go_eager(self, guard: str) -> None:
+    def _failed_guard(self, entries: list, offset: int, L: tuple) -> str:
+        guards = entries[-1].guards
+        failed = (guards.first_failure(L) if guards is not None else None) or "(no single guard failed)"
+        names = frame_value_names(self.code, offset)
+        def name(m):
+            i = int(m.group(1))
+            return f"{m.group(0)} ({names[i] if i < len(names) else 'a value on the stack'})"
+        return re.sub(r"\bL\[(\d+)\]", name, failed, count=1)
+
+    def _go_eager(self, guard: str, offset: int) -> None:
         self.eager = True
         self.fast0.clear()
         if not self._warned:
             self._warned = True
+            limit = self.limit(offset)
+            where = (f"{limit} entries at its start" if offset == 0 else
+                     f"{limit} entries at the resume point after the graph break at line "
+                     f"{code_info(self.code).lines.get(offset)}"
+                     + (f" (recompile_limit x {LOOP_LIMIT_FACTOR}: it is inside a loop)"
+                        if limit != config.recompile_limit else ""))
             warnings.warn(
-                f"minicompile: {self.code.co_name}() hit the recompile limit "
-                f"({config.recompile_limit}); running it eagerly from now on. The guard that "
-                f"kept failing: {guard}. Raise minicompile.config.recompile_limit "
-                f"(MINICOMPILE_RECOMPILE_LIMIT) if this is expected.", stacklevel=4)
+                f"minicompile: {self.code.co_name}() hit the recompile limit ({where}); running "
+                f"it eagerly from now on. The guard that kept failing: {guard}. Raise "
+                f"minicompile.config.recompile_limit (MINICOMPILE_RECOMPILE_LIMIT) if this is "
+                f"expected.", stacklevel=4)
 
     def _fallback(self, fn, L, args, kwargs, reason: str, where: str | None):
         name = self.code.co_name

@@ -26,7 +26,8 @@ from minicompile.capture.dynamic import concrete
 from minicompile.capture.semantics import is_plain
 from minicompile.capture.tracer import Tracer
 from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GradModeFunction, GraphBreak, LazyIter, SymBoundMethod, SymFunction,
+                                           GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
+                                           SymFunction, refuse_opaque,
                                            TensorMethod, TensorVar, contains_symbolic)
 
 MAX_INLINE_DEPTH = 32
@@ -146,6 +147,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return _contextmanager_exit(fn, args)
     if isinstance(fn, TensorVar):
         raise GraphBreak("calling a tensor")
+    if isinstance(fn, OpaqueValue):
+        raise GraphBreak(f"calling {fn.source}, a method of a NumPy value (its data is not traced)")
     if getattr(fn, "capture_cache", None) is not None:  # another compiled function: trace its body
         return call(tracer, fn.__wrapped__, args, kwargs)
     if type(fn).__dict__.get("is_capture_wrapper"):    # a CompiledModule: inline its module
@@ -197,11 +200,17 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return fn(*args, **kwargs)   # NumPy scalar types: numbers made from constants
     if isinstance(fn, type) and issubclass(fn, tuple) and hasattr(fn, "_fields"):
         return fn(*args, **kwargs)  # namedtuple construction holds symbolic values fine
-    if fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) and not contains_symbolic((args, kwargs)):
+    if (fn in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo) or _is_numpy_type_info(fn)) \
+            and not contains_symbolic((args, kwargs)):
         return fn(*args, **kwargs)
     if isinstance(fn, type) and not fn.__module__.startswith(_LIBRARY_MODULES):
         return objects.instantiate(tracer, fn, args, kwargs)
     raise GraphBreak(f"call to {describe(fn)} is not supported by the tracer")
+
+
+def _is_numpy_type_info(fn) -> bool:
+    """``np.finfo``/``np.iinfo``: constants of a dtype, as torch.finfo (no NumPy import here)."""
+    return isinstance(fn, type) and fn.__module__.split(".")[0] == "numpy" and fn.__name__ in ("finfo", "iinfo")
 
 
 _CONTEXTLIB_WRAPPER = torch.no_grad()(lambda: None).__code__   # torch.utils._contextlib's wrapper
@@ -401,6 +410,7 @@ def _fromkeys(tracer: Tracer, args, kwargs):
 
 
 def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
+    refuse_opaque(describe(fn), *args, *kwargs.values())
     if any(isinstance(a, TensorVar) for a in args):
         if fn in _MATH_FUNCS:
             raise GraphBreak(f"math.{fn.__name__} on a tensor needs its value")

@@ -18,7 +18,7 @@ from minicompile.capture import objects
 from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import _DELETED, Tracer
 from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
-                                           GraphBreak, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
+                                           GraphBreak, OpaqueValue, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
                                            TensorMethod, TensorVar, contains_symbolic, real_grad_ctx,
                                            unfinished)
 
@@ -47,8 +47,13 @@ def _replace_contents(target, items) -> None:
     target.update(items)
 
 
+def _replace_deque(target: collections.deque, items) -> None:
+    target.clear()
+    target.extend(items)
+
+
 _REPLACE = {list: "_replace_list", dict: "_replace_contents", collections.OrderedDict: "_replace_contents",
-            set: "_replace_contents"}
+            set: "_replace_contents", collections.deque: "_replace_deque"}
 
 
 class Reifier:
@@ -63,7 +68,7 @@ class Reifier:
         self.memo: dict[int, str] = {}
         ns.values.update(_mkcell=_mkcell, _mkfunc=_mkfunc, _MethodType=types.MethodType,
                          _ResumeIter=ResumeIter, _replace_list=_replace_list,
-                         _replace_contents=_replace_contents)
+                         _replace_contents=_replace_contents, _replace_deque=_replace_deque)
 
     def _temp(self, obj, text: str) -> str:
         name = f"t{len(self.memo)}"
@@ -77,6 +82,8 @@ class Reifier:
         if isinstance(v, TensorVar):
             if id(v) in self.output_index:
                 return f"o[{self.output_index[id(v)]}]"
+            return v.source
+        if isinstance(v, OpaqueValue):
             return v.source
         if v is NULL:
             return "_NULL"
@@ -113,8 +120,10 @@ class Reifier:
         if type(v) is set:
             items = ", ".join(self.expr(x) for x in v)
             return self._temp(v, f"{{{items}}}" if v else "set()")
-        if isinstance(v, types.BuiltinMethodType) and type(v.__self__) in _REPLACE:
-            return f"{self.expr(v.__self__)}.{v.__name__}"   # a method of the rebuilt container
+        if isinstance(v, types.BuiltinMethodType) and _bound_per_read(v):
+            # a method of the rebuilt container, or of an object read from its source this call:
+            # never the bound method of the traced call's object (``a.copy`` of an old array)
+            return f"{self.expr(v.__self__)}.{v.__name__}"
         view = self.tracer.view_owner.get(id(v))
         if view is not None:
             return f"{self.expr(view[0])}.{view[1]}()"
@@ -152,6 +161,14 @@ class Reifier:
         if src is not None and not src.startswith("_"):
             return src
         return self.ns.const(v)
+
+
+def _bound_per_read(m) -> bool:
+    """A builtin method bound to an object (``d.update``, ``s.upper``): made per attribute
+    read, so rebuilt from its object, not held as a constant."""
+    owner = m.__self__
+    return owner is not None and not isinstance(owner, (types.ModuleType, type)) and (
+        type(owner) in _REPLACE or getattr(owner, m.__name__, None) is not m)
 
 
 def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:

@@ -56,6 +56,7 @@ class CodeInfo:
     # something other than grad mode): code run natively from a break would not see the
     # handler or ``__exit__`` if it raised. None when breaks can be split.
     unsplittable: str | None = None
+    handles_exceptions: bool = False   # has a try or with block (PUSH_EXC_INFO)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -68,7 +69,28 @@ def code_info(code: types.CodeType) -> CodeInfo:
         if starts.get(inst.offset) is not None:
             line = starts[inst.offset]
         lines[inst.offset] = line
-    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts))
+    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts),
+                    any(inst.opname == "PUSH_EXC_INFO" for inst in insts))
+
+
+@functools.lru_cache(maxsize=1024)
+def loop_bodies(code: types.CodeType) -> frozenset:
+    """Offsets inside a loop: between a backward jump's target and the jump."""
+    inside = set()
+    info = code_info(code)
+    for inst in info.insts:
+        if inst.opname.startswith("JUMP_BACKWARD") or inst.opname == "POP_JUMP_BACKWARD_IF_TRUE" or (
+                "JUMP" in inst.opname and isinstance(inst.argval, int) and inst.argval < inst.offset):
+            inside.update(i.offset for i in info.insts if inst.argval <= i.offset <= inst.offset)
+    return frozenset(inside)
+
+
+def frame_value_names(code: types.CodeType, offset: int) -> list:
+    """What ``L[i]`` is at ``offset``: the arguments and closure cells at 0, else the locals,
+    cells and then the stack (generated code's and guards' ``L``)."""
+    if offset == 0:
+        return [*arg_names(code), *code.co_freevars]
+    return [*code.co_varnames, *code.co_cellvars, *code.co_freevars]
 
 
 def _unsplittable(insts: list) -> str | None:

@@ -15,7 +15,7 @@ from minicompile.capture import semantics
 from minicompile.capture.frame import PY311, Frame
 from minicompile.capture.registry import HANDLERS, op
 from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GraphBreak, LazyIter,
+                                           GraphBreak, LazyIter, MissingAttribute,
                                            SymBoundMethod, SymCell, SymFunction, SymIter)
 
 MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
@@ -50,6 +50,10 @@ def run_frame(frame: Frame):
             except (GraphBreak, StopAtBreak) as e:
                 if isinstance(e, GraphBreak) and e.where is None:
                     e.where = frame.where()
+                if isinstance(e, MissingAttribute) and frame.info.handles_exceptions:
+                    # a try/with block here might have caught the AttributeError: not an answer
+                    # hasattr/getattr may give, only a break
+                    raise GraphBreak(e.reason, e.where) from None
                 raise
             except Exception as e:  # a real Python error in user code, or a tracer gap
                 raise GraphBreak(f"{type(e).__name__}: {e} (at {inst.opname})", frame.where()) from e

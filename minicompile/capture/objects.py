@@ -21,7 +21,7 @@ import types
 import torch
 from torch import nn
 
-from minicompile.capture.variables import NULL, GraphBreak, SymBoundMethod, SymCell, TensorVar
+from minicompile.capture.variables import NULL, GraphBreak, MissingAttribute, SymBoundMethod, SymCell, TensorVar
 
 # Builtin bases a new object may have: their C storage holds symbolic values opaquely.
 _BASES = (collections.OrderedDict, dict, list, object)
@@ -100,7 +100,7 @@ def new_attr(tracer, obj, name: str):
         getattr_hook = inspect.getattr_static(cls, "__getattr__", None)
         if isinstance(getattr_hook, types.FunctionType):
             return tracer.call(getattr_hook, [obj, name], {})
-        raise GraphBreak(f"AttributeError: {cls.__name__} has no attribute {name!r}")
+        raise MissingAttribute(f"AttributeError: {cls.__name__} has no attribute {name!r}")
     return bind_class_attr(tracer, obj, static, name)
 
 
@@ -119,7 +119,7 @@ def bind_python_attr(tracer, obj, attr, name: str):
         return SymBoundMethod(attr.__func__, type(obj))
     if isinstance(attr, property):
         if attr.fget is None:
-            raise GraphBreak(f"AttributeError: property {name!r} has no getter")
+            raise MissingAttribute(f"AttributeError: property {name!r} has no getter")
         return tracer.call(attr.fget, [obj], {})
     return UNBOUND
 
@@ -185,7 +185,7 @@ def super_attr(tracer, sup: super, name: str):
             attr = k.__dict__[name]
             break
     else:
-        raise GraphBreak(f"AttributeError: 'super' object has no attribute {name!r}")
+        raise MissingAttribute(f"AttributeError: 'super' object has no attribute {name!r}")
     if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)) and not tracer.is_new(obj):
         base = _SOURCED_C_METHODS.get((k, name))
         if base is None:

@@ -42,7 +42,7 @@ def _intrinsic(tracer, inst, v):
 HANDLERS.update({
     "BINARY_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, BINARY[inst.arg], a, b)),
     "COMPARE_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, semantics.COMPARE_OPS[inst.argval], a, b)),
-    "IS_OP": _on_top(2, lambda tr, inst, a, b: (a is b) != bool(inst.arg)),
+    "IS_OP": _on_top(2, lambda tr, inst, a, b: semantics.identity(a, b) != bool(inst.arg)),
     "CONTAINS_OP": _on_top(2, lambda tr, inst, item, c: semantics.contains(tr, item, c) != bool(inst.arg)),
     "UNARY_NEGATIVE": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.neg, v)),
     "UNARY_POSITIVE": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.pos, v)),

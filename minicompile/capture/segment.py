@@ -22,7 +22,7 @@ from minicompile.capture.guards import Guards, check_source
 from minicompile.capture.interpreter import StopAtBreak, run_frame
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (NULL, GradModeFunction, GraphBreak, SymBoundMethod, SymCell,
+from minicompile.capture.variables import (NULL, GradModeFunction, GraphBreak, SpecialiseScalar, SymBoundMethod, SymCell,
                                            SymFunction, SymIter, TensorMethod, TensorVar, unfinished)
 
 MAX_RESTARTS = 64
@@ -77,6 +77,8 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
     forced: dict = {}
     for _ in range(MAX_RESTARTS):
         tracer = Tracer(forced, call=call, sizes=sizes, symbolic=sizes.wants_symbolic(L))
+        tracer.scalar_inputs = offset != 0
+        tracer.specialised = specialised = cache.specialised_floats.setdefault(offset, set())
         frame = None
         try:
             frame = _make_frame(cache, tracer, offset, L)
@@ -90,6 +92,11 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
                 raise CannotCapture(f"graph break at {forced[stop.offset][1]} "
                                     f"({forced[stop.offset][0]}) cannot be split: {e.reason}",
                                     e.where or forced[stop.offset][1]) from None
+        except SpecialiseScalar as e:
+            if e.source in specialised:
+                raise CannotCapture(f"{e.reason} (already specialised)", e.where) from None
+            specialised.add(e.source)   # trace again with that float a guarded constant
+            continue
         except GraphBreak as e:
             if e.retrace:
                 continue
@@ -205,7 +212,7 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
     ns = tracer.ns
     if _mutates_inputs(graph):
         # In-place ops make aliasing visible: this graph holds only for distinct inputs.
-        srcs = [inp.source for inp in tracer.inputs][:16]
+        srcs = [inp.source for inp in tracer.inputs if not inp.source.startswith("_f64(")][:16]
         for i, a in enumerate(srcs):
             for b in srcs[:i]:
                 tracer.guards.add(f"{a} is not {b}")

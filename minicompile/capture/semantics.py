@@ -15,8 +15,10 @@ from torch import nn
 
 from minicompile.capture import objects
 from minicompile.capture.tracer import Tracer, is_stable_module
-from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
+                                           SymBoundMethod, SymCell,
+                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
+                                           refuse_opaque)
 
 BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -41,7 +43,7 @@ DICT_VIEWS = (type({}.keys()), type({}.values()), type({}.items()),
               type(_OD.keys()), type(_OD.values()), type(_OD.items()))
 # Containers traced as copies that hold symbolic values (their subclasses are objects).
 DICT_TYPES = (dict, collections.OrderedDict)
-MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict)
+MUTABLE_CONTAINERS = (list, dict, collections.OrderedDict, collections.deque)
 # ``__getitem__`` implementations that only read storage: safe to run on the real object.
 _STORAGE_GETITEM = {dict.__getitem__, list.__getitem__, tuple.__getitem__}
 _PLAIN = (types.MappingProxyType, collections.deque, int, float, bool, complex, str, bytes, type(None), tuple, list, dict, set, frozenset,
@@ -76,7 +78,34 @@ def is_plain(v) -> bool:
     return isinstance(v, (*_PLAIN, numbers.Number))   # numbers include NumPy scalars
 
 
+_opaque = refuse_opaque
+# Operators whose result with a tensor and a Python float the graph computes exactly from a
+# 0-d float64 tensor in the float's place (same dtype, same kernel arithmetic).
+_SCALAR_GRAPH_OPS = {operator.add, operator.sub, operator.mul, operator.truediv, *_COMPARES}
+
+
+def _scalar_binary(tracer: Tracer, fn, a, b):
+    """``tensor <op> v`` (or ``v <op> tensor``) for an unspecialised float ``v`` (ScalarVar)."""
+    scalar, other = (a, b) if isinstance(a, ScalarVar) else (b, a)
+    plain = _OUT_OF_PLACE.get(fn, fn)
+    if plain not in _SCALAR_GRAPH_OPS or not isinstance(other, TensorVar) or other.fake.dtype.is_complex:
+        refuse_opaque(f"operator {fn.__name__}", scalar)
+    operand = scalar.tensor
+    if not other.fake.dtype.is_floating_point:   # int/bool tensor with a float: the default dtype
+        operand = tracer.call_graph("call_method", "to", (operand, torch.get_default_dtype()))
+    if scalar is a and plain is operator.truediv:   # Tensor.__rtruediv__: reciprocal, then multiply
+        other, plain = tracer.call_graph("call_function", torch.reciprocal, (other,)), operator.mul
+    op = fn if isinstance(a, TensorVar) else plain   # ``t += v`` stays in place; ``v += t`` does not
+    result = tracer.call_graph("call_function", op, (operand, other) if scalar is a else (other, operand))
+    if plain not in _COMPARES and result.fake.dtype != torch.result_type(other.fake, 0.5):
+        refuse_opaque(f"operator {fn.__name__}", scalar)
+    return result
+
+
 def binary(tracer: Tracer, fn, a, b):
+    if isinstance(a, ScalarVar) or isinstance(b, ScalarVar):
+        return _scalar_binary(tracer, fn, a, b)
+    _opaque(f"operator {fn.__name__}", a, b)
     if isinstance(a, TensorVar) or isinstance(b, TensorVar):
         if not isinstance(a, TensorVar) and isinstance(a, numbers.Number):
             fn = _OUT_OF_PLACE.get(fn, fn)
@@ -95,6 +124,7 @@ def _default_eq(v) -> bool:
 
 
 def unary(tracer: Tracer, fn, v):
+    _opaque(f"unary {fn.__name__}", v)
     if isinstance(v, TensorVar):
         if fn is operator.not_:
             raise GraphBreak("`not tensor` needs the tensor's value (data-dependent)")
@@ -107,6 +137,7 @@ def unary(tracer: Tracer, fn, v):
 
 
 def truth(tracer: Tracer, v) -> bool:
+    _opaque("truth value", v)
     if isinstance(v, TensorVar):
         raise GraphBreak("data-dependent control flow: branching on a tensor value")
     if isinstance(v, (SymFunction, SymBoundMethod, TensorMethod, SymCell, GradModeExit)):
@@ -126,6 +157,10 @@ def truth(tracer: Tracer, v) -> bool:
 
 
 def identity(a, b) -> bool:
+    """``a is b``: one real object is one symbolic value (aliases are guarded), except that two
+    opaque values from different sources may be one object on a later call."""
+    if a is not b and isinstance(a, OpaqueValue) and isinstance(b, OpaqueValue):
+        raise GraphBreak("`is` between two NumPy values (their identity is not guarded)")
     return a is b
 
 
@@ -300,11 +335,14 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
             return tracer.call(hook, [obj, name], {})   # the attribute is missing: __getattr__ runs
         if hook is not None and not isinstance(obj, nn.Module):
             raise GraphBreak(f"{type(obj).__name__}.__getattr__ runs user code") from None
-        raise GraphBreak(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
+        _missing(tracer, obj, name, src)
     if (bound := objects.bind_python_attr(tracer, obj, attr, name)) is not objects.UNBOUND:
         return bound
     if hasattr(type(attr), "__get__") and not isinstance(attr, (int, float, str, bool, tuple)):
-        value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
+        try:
+            value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
+        except AttributeError:   # an unset slot
+            _missing(tracer, obj, name, src)
         return tracer.wrap(value, f"{src}.{name}")
     if isinstance(getattr(obj, "__dict__", None), dict):
         # a later instance attribute of the same name would shadow this class attribute
@@ -312,9 +350,27 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
     return tracer.wrap(attr, f"type({src}).{name}")
 
 
+def _missing(tracer: Tracer, obj, name: str, src: str | None):
+    """``obj.name`` raises AttributeError: guard that it still does on later calls (the object
+    is the same type, or the same object, but an attribute may be set on it later)."""
+    if src is not None and not tracer.is_new(obj):
+        tracer.guards.add(f"not hasattr({src}, {name!r})", kind="HASATTR", what=src, check=f"has no {name!r}")
+    raise MissingAttribute(f"AttributeError: {type(obj).__name__} has no attribute {name!r}")
+
+
+def _read(obj, name: str):
+    """``getattr(obj, name)`` of an object whose attributes are fixed by its guards (a constant,
+    a class, a library module): an AttributeError is Python's answer, not a tracer gap."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise MissingAttribute(f"AttributeError: {type(obj).__name__} has no attribute {name!r}") from None
+
+
 def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if isinstance(obj, TensorVar):
         return tensor_attr(tracer, obj, name)
+    _opaque(f"attribute {name!r}", obj)
     over = tracer.overlay(obj, name)
     if over is not NULL:
         return over
@@ -325,6 +381,8 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if isinstance(obj, nn.Module):
         return module_attr(tracer, obj, name)
     if isinstance(obj, types.ModuleType):
+        if not hasattr(obj, name):
+            _missing(tracer, obj, name, None if is_stable_module(obj) else _obj_source(tracer, obj))
         value = getattr(obj, name)
         if is_stable_module(obj):
             if isinstance(value, torch.Tensor):
@@ -332,6 +390,8 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
             return value
         return tracer.wrap(value, f"{_obj_source(tracer, obj)}.{name}")
     if isinstance(obj, type):
+        if not hasattr(obj, name):
+            _missing(tracer, obj, name, _obj_source(tracer, obj))
         value = getattr(obj, name)
         if isinstance(value, torch.Tensor) or type(value) in _GUARDED_CLASS_ATTRS:
             # tensors are inputs, constants are guarded, containers are traced on copies
@@ -345,7 +405,7 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
             return objects.bind_class_attr(tracer, obj, method, name)
     if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
             name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
-        return getattr(obj, name)   # (a subclass's attributes are read as an object's)
+        return _read(obj, name)   # (a subclass's attributes are read as an object's)
     if isinstance(obj, SymFunction):
         if name in ("__name__", "__qualname__"):
             return obj.name
@@ -365,6 +425,13 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
             return getattr(obj, name)
         if name in ("__self__", "__func__"):
             return getattr(obj, name)
+        d = getattr(obj, "__dict__", None)
+        if isinstance(obj, types.FunctionType) and isinstance(d, dict):   # set by a decorator
+            src = _obj_source(tracer, obj)
+            if name in d:
+                return tracer.wrap(d[name], f"{src}.{name}")
+            if not hasattr(obj, name):
+                _missing(tracer, obj, name, src)
         raise GraphBreak(f"attribute {name} of a function")
     if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
         raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
@@ -382,7 +449,8 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
 
 
 _GUARDED_CLASS_ATTRS = {int, float, bool, str, type(None), list, dict, collections.OrderedDict, set}
-_PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict, tuple, str, bytes, set, frozenset, range, slice,
+_PLAIN_ATTR_TYPES = {types.MappingProxyType, inspect.Signature, inspect.Parameter, list, dict, collections.OrderedDict,
+                     collections.deque, tuple, str, bytes, set, frozenset, range, slice,
                      torch.dtype, torch.device, int, float, complex, bool, type(None)}
 
 
@@ -401,14 +469,21 @@ def tensor_attr(tracer: Tracer, t: TensorVar, name: str):
     attr = getattr(torch.Tensor, name, None)
     if callable(attr) and not isinstance(attr, type):
         return TensorMethod(t, name)
-    if not hasattr(t.cls, name):   # tensors have no instance attributes the graph could set
-        raise GraphBreak(f"AttributeError: '{t.cls.__name__}' object has no attribute {name!r}")
+    if not hasattr(t.cls, name):   # an input's own attributes (``t.foo = 1``) are guarded absent
+        if t.source is not None:
+            real = next((i.real for i in tracer.inputs if i.var is t), None)
+            if real is None or hasattr(real, name):
+                raise GraphBreak(f"tensor instance attribute {name!r}")
+            tracer.guards.add(f"not hasattr({t.source}, {name!r})", kind="HASATTR", what=t.source,
+                              check=f"has no {name!r}")
+        raise MissingAttribute(f"AttributeError: '{t.cls.__name__}' object has no attribute {name!r}")
     raise GraphBreak(f"tensor attribute {name!r}")
 
 
 def setattr_(tracer: Tracer, obj, name: str, value, hooks: bool = True) -> None:
     if isinstance(obj, TensorVar):
         raise GraphBreak(f"setting tensor.{name}")
+    _opaque(f"setting attribute {name!r}", obj)
     if tracer.is_new(obj):
         objects.set_new_attr(tracer, obj, name, value)
         return

@@ -20,8 +20,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture import dynamic
 from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, ResumeIter, SymCell,
-                                           SymIter, TensorVar)
+from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
+                                           ResumeIter, ScalarVar, SymCell, SymIter, TensorMethod, TensorVar,
+                                           refuse_opaque)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)
@@ -101,6 +102,11 @@ class Tracer:
         self.inputs: list[GraphInput] = []
         self.by_source: dict[str, object] = {}
         self.tensor_by_id: dict[int, TensorVar] = {}
+        self.opaque_by_id: dict[int, OpaqueValue] = {}
+        # Floats in the frame at a resume point are unspecialised inputs (ScalarVar), except these
+        # sources, whose values a trace needed (set by segment._trace).
+        self.scalar_inputs = False
+        self.specialised: set = set()
         self.obj_source: dict[int, str] = {}
         self.tracked: list[TrackedContainer] = []
         self.tracked_by_id: dict[int, TrackedContainer] = {}
@@ -160,9 +166,13 @@ class Tracer:
         g = self.guards
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if type(value) is float and self.scalar_inputs and _frame_value(source) and source not in self.specialised:
+            return self._wrap_scalar(value, source)
         if type(value) in _CONST_TYPES:
             g.constant(source, value)
             return value
+        if _is_data(value, source):
+            return self._wrap_opaque(value, source)
         if isinstance(value, torch.nn.Module):
             g.identity(source, value)
             self._remember(value, source)
@@ -180,6 +190,13 @@ class Tracer:
             g.type_is(source, list)
             g.length(source, len(value))
             copy = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            self._track(source, copy, value)
+            return copy
+        if type(value) is collections.deque:   # traced on a copy, like a list
+            g.type_is(source, collections.deque)
+            g.length(source, len(value))
+            g.add(f"{source}.maxlen == {value.maxlen!r}")
+            copy = collections.deque([self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)], value.maxlen)
             self._track(source, copy, value)
             return copy
         if type(value) in (dict, collections.OrderedDict):
@@ -201,11 +218,18 @@ class Tracer:
         if type(value) in _DICT_VIEWS:
             return self._wrap_view(value, source)
         if isinstance(value, types.BuiltinMethodType) and not isinstance(
-                value.__self__, (types.ModuleType, torch.Tensor, type(None))) and getattr(
+                value.__self__, (types.ModuleType, type(None))) and getattr(
                 value.__self__, value.__name__, None) is not value:
-            # a bound method made per read (``d.update``): guard its object and name, not its identity
+            # a bound method made per read (``d.update``, ``x.clamp``): guard its object and name,
+            # not its identity
+            g.type_is(source, type(value))
             g.add(f"{source}.__name__ == {value.__name__!r}")
-            return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
+            owner = self.wrap(value.__self__, f"{source}.__self__")
+            if isinstance(owner, OpaqueValue):   # ``a.sum`` of an array: calling it is a break
+                return self._wrap_opaque(value, source)
+            if isinstance(owner, TensorVar):
+                return TensorMethod(owner, value.__name__)
+            return getattr(owner, value.__name__)
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)
             g.add(f"{source}.pos == 0")
@@ -248,6 +272,31 @@ class Tracer:
         g.type_is(source, type(value))
         self._remember(value, source)
         return value
+
+    def _wrap_opaque(self, value, source: str) -> OpaqueValue:
+        same = self.opaque_by_id.get(id(value))
+        if same is not None:
+            self.guards.alias(source, same.source)
+            return same
+        self.guards.type_is(source, type(value))
+        self.opaque_by_id[id(value)] = var = OpaqueValue(type(value), source)
+        self._keep.append(value)
+        return var
+
+    def _wrap_scalar(self, value: float, source: str) -> ScalarVar:
+        """A float the graph takes as a 0-d float64 input, its value unguarded (``.item()``'s)."""
+        self.guards.type_is(source, float)
+        self.ns.values["_f64"] = _f64
+        real = _f64(value)
+        anchor = self.inputs[-1].var.node if self.inputs else None
+        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+            node = self.graph.placeholder(self._placeholder_name(source))
+        fake = self.fake_mode.from_tensor(real, static_shapes=True)
+        node.meta["example_value"] = fake
+        var = TensorVar(node, fake, torch.Tensor, None)
+        self.inputs.append(GraphInput(f"_f64({source})", var, real))
+        self._keep.append(real)
+        return ScalarVar(float, source, var)
 
     def _wrap_view(self, view, source: str):
         """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
@@ -339,7 +388,7 @@ class Tracer:
     def overlay(self, obj, name: str, default=NULL):
         value = self.attr_overlay.get((id(obj), name), default)
         if value is _DELETED:   # deleted in this trace (a class attribute would show: not modeled)
-            raise GraphBreak(f"AttributeError: attribute {name!r} was deleted")
+            raise MissingAttribute(f"AttributeError: attribute {name!r} was deleted")
         return value
 
     # ------------------------------------------------------------------ grad mode
@@ -422,6 +471,26 @@ class Tracer:
 _DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>"})()
 
 
+def _f64(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def _is_data(value, source: str) -> bool:
+    """A NumPy array anywhere, or a NumPy scalar in the frame itself (``.numpy()``'s, or a
+    reduction's, handed over at a graph break): values that may hold a tensor's data, which
+    the trace must neither compute with nor guard on (OpaqueValue). A NumPy scalar held in an
+    attribute or a global is a constant of the program, guarded by value like a float."""
+    if type(value).__module__ != "numpy":   # (no NumPy import: torch runs without it)
+        return False
+    if type(value).__name__ in ("ndarray", "matrix", "memmap", "recarray"):
+        return True
+    return getattr(value, "shape", None) == () and _frame_value(source)
+
+
+def _frame_value(source: str) -> bool:
+    return source.startswith("L[") and source.endswith("]") and source[2:-1].isdigit()
+
+
 def _readable(source: str, names: dict) -> str:
     head = source.split("]", 1)[0] + "]" if source.startswith("L[") else ""
     if head in names:
@@ -450,6 +519,7 @@ def graph_constant(v):
     """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
     the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
     graph break rather than a NameError or SyntaxError when the graph runs."""
+    refuse_opaque("a torch op", v)
     if isinstance(v, (TensorVar, torch.Tensor, *dynamic.SYM_TYPES)) or type(v) in _GRAPH_CONSTANTS or (
             type(v) is type and v in _GRAPH_TYPES):
         return v

@@ -28,6 +28,13 @@ class GraphBreak(Exception):
         self.retrace = False   # set when tracing again avoids it (a generator now called natively)
 
 
+class MissingAttribute(GraphBreak):
+    """Python would raise ``AttributeError`` here: the attribute does not exist (and the
+    guards that make its absence hold on later calls are installed). ``getattr`` with a
+    default and ``hasattr`` answer from it; anywhere else it is a graph break, so Python
+    raises the error itself."""
+
+
 class _Null:
     """CPython's NULL stack slot (below a callable, or an unbound local)."""
 
@@ -147,6 +154,47 @@ EMPTY = _EmptyCell()
 
 
 @dataclass(eq=False)
+class OpaqueValue:
+    """A value read from a source whose contents no guard fixes: a NumPy array (or a NumPy
+    scalar in the frame), which may hold a tensor's data. It can be moved, stored, passed to
+    calls and returned (generated code reads it from its source again); anything that reads
+    it -- an operator, an attribute, an item, truth, a torch op -- is a graph break, so its
+    value is never computed into a constant or a guard of the entry."""
+    cls: type       # the real value's type (guarded)
+    source: str
+
+    def __repr__(self):
+        return f"OpaqueValue({self.cls.__name__} at {self.source})"
+
+
+@dataclass(eq=False)
+class ScalarVar(OpaqueValue):
+    """A Python float in the frame at a resume point (``v = t.sum().item()`` handed over at the
+    break), not specialised: the graph takes it as a 0-d float64 input (``tensor``), so its value
+    is in no guard. Arithmetic and comparisons with a tensor are graph ops; any other use
+    specialises it (SpecialiseScalar: the segment is traced again with it a guarded constant)."""
+    tensor: Any = None   # TensorVar of the graph input
+
+
+class SpecialiseScalar(GraphBreak):
+    """A ScalarVar was used where its value is needed: trace again with ``source`` a constant."""
+
+    def __init__(self, reason: str, source: str):
+        super().__init__(reason)
+        self.source = source
+
+
+def refuse_opaque(what: str, *values) -> None:
+    """``what`` reads the value of an OpaqueValue among ``values``: a break (a ScalarVar: trace
+    again with it specialised)."""
+    for v in values:
+        if isinstance(v, ScalarVar):
+            raise SpecialiseScalar(f"{what} needs the value of the float at {v.source}", v.source)
+        if isinstance(v, OpaqueValue):
+            raise GraphBreak(f"{what} reads a {v.cls.__name__} from {v.source} (its data is not traced)")
+
+
+@dataclass(eq=False)
 class SymCell:
     """A closure cell created while tracing (``MAKE_CELL``)."""
     value: Any = EMPTY
@@ -229,7 +277,7 @@ class GradRestore:
 
 def contains_symbolic(value, _depth: int = 0) -> bool:
     """True when a value is, or holds, something only the tracer understands."""
-    if isinstance(value, (TensorVar, TensorMethod, SymIter, SymCell, SymFunction,
+    if isinstance(value, (TensorVar, TensorMethod, SymIter, SymCell, SymFunction, OpaqueValue,
                           SymBoundMethod, GradModeExit, GradModeCtx, GenContext, GenContextExit)):
         return True
     if _depth > 8:

@@ -198,7 +198,7 @@ def test_recompile_limit_runs_eagerly_with_one_warning():
         for k in range(10):
             assert same(cf(x, k), x + k)
     msgs = [str(m.message) for m in w if "recompile limit" in str(m.message)]
-    assert len(msgs) == 1 and "L[1] == " in msgs[0]
+    assert len(msgs) == 1 and "L[1] (k) == " in msgs[0] and "(3 entries at its start)" in msgs[0]
     assert compiles(cf) == 3
     assert cf.capture_report.recompiles[-1].limit_hit
 

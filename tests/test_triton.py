@@ -98,6 +98,16 @@ def test_full_reduction_to_a_scalar_and_bf16_rows():
           atol=1e-2, rtol=1e-2)
 
 
+def test_zero_dim_inputs_combine_with_blocks():
+    # a 0-d input is loaded as a block: the interpreter could not `|` a 0-d bool with a block
+    # (maximum(s, x)'s NaN test, fuzzer seed 900023); bool ops of a 0-d and a block too
+    s, x = torch.tensor(0.25), torch.randn(9, 6)
+    check(lambda s, a: (torch.maximum(s, a), torch.minimum(a, s)), s, x)
+    b, m = torch.tensor(True), torch.rand(3, 4) > 0.5
+    check(lambda b, m: (b | m, m & b, b ^ m, torch.logical_or(b, m), torch.logical_and(m, b)), b, m)
+    check(lambda s, a: torch.maximum(s.to(torch.bfloat16), a.to(torch.bfloat16)), s, x)
+
+
 def test_embedding_gather_runs_as_an_extern_between_kernels():
     """A gather has no native lowering (eager raises on an out-of-range index, a kernel cannot):
     the Triton path calls eager's index and feeds its result to the next kernel."""

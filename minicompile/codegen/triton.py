@@ -81,6 +81,12 @@ class TritonOps:
         assert name not in self.kernel.k.local, f"local {name} read at {index} outside its registers"
         groups = self.kernel.index_groups(index)
         rendered = _R.render(index)
+        if not groups:
+            # a scalar (a 0-d input) is loaded as a block: Triton's interpreter cannot combine a
+            # 0-d bool with a block (maximum(scalar, x)'s `(a != a) | (a > b)`: fuzzer seed
+            # 900023); on a GPU every lane reads one address, one transaction
+            groups = frozenset({"x"})
+            rendered = f"{rendered} + 0 * xindex"
         for g in sorted(self.mask_groups - groups):  # e.g. an empty row: every lane is masked off
             rendered = f"{rendered} + 0 * {g}index"
         groups |= self.mask_groups

@@ -14,7 +14,8 @@
 #      count and time), and our front end's tests on this machine's Python (3.12 on the GPU
 #      machines, where its opcodes run nowhere else);
 #   4. alone on the machine, so timings are quiet: benchmarks/bench_gpu.py (eager, minicompile
-#      and Inductor side by side).
+#      and Inductor side by side; MINICOMPILE_GPU_BENCH_ARGS replaces its arguments, e.g.
+#      "--only kernels").
 # Writes RESULTS_DIR/gpu-results.md (the summary and every table) and RESULTS_DIR/logs.tar.gz
 # (each step's whole log). Exits 0 when every step passed.
 set -uo pipefail
@@ -38,7 +39,7 @@ if [ "$DRY" = 1 ]; then
     GPU_TESTS="tests/test_triton.py -k 'gpu or (test_matches_eager_triton and add)'"
 else
     DEVICE=cuda
-    N_FUZZ=400; N_TRAIN=150; N_DYN=48; BENCH_ARGS="--reps 30"
+    N_FUZZ=400; N_TRAIN=150; N_DYN=48; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
     GPU_TESTS="-m gpu tests/test_triton.py tests/test_modes.py"
 fi
 
@@ -89,7 +90,11 @@ say ""
 
 # 2. install: an editable install registers backend="minicompile" (the entry point); without the
 # network nothing is fetched, and PYTHONPATH above already finds the package if this fails.
-run install 120 "$PY -m pip install --no-deps --no-build-isolation -q -e . || echo 'pip install failed: using PYTHONPATH'"
+if [ "$DRY" = 1 ]; then
+    run install 60 "echo 'dry run: minicompile from PYTHONPATH, nothing installed'"
+else
+    run install 120 "$PY -m pip install --no-deps --no-build-isolation -q -e . || echo 'pip install failed: using PYTHONPATH'"
+fi
 if ! "$PY" -c "import torch, networkx, minicompile" >> "$LOGS/install.log" 2>&1; then
     say "install: torch, networkx or minicompile do not import; see logs/install.log"
     tail -5 "$LOGS/install.log" | tee -a "$SUMMARY"

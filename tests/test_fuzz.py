@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from minicompile.codegen import BACKENDS
+from minicompile.config import patch
 from minicompile.testing.fuzz import generate, run, shrink
 
 CI_PROGRAMS = int(os.environ.get("MINICOMPILE_FUZZ_N", "200"))
@@ -11,6 +15,15 @@ CI_PROGRAMS = int(os.environ.get("MINICOMPILE_FUZZ_N", "200"))
 def test_fuzzed_programs_match_eager(tmp_path):
     failures = run(seed=0, n=CI_PROGRAMS, batch=25, repro_dir=str(tmp_path), log=lambda *a: None)
     assert not failures, "fuzzed programs disagree with eager; reproducers:\n" + "\n".join(
+        open(p).read() for p in failures[:3])
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+def test_fuzzed_programs_match_eager_through_triton(tmp_path):
+    # the Triton generator in its interpreter: a slice of the run in docs/triton.md (other seeds)
+    with patch(cpu_backend="triton"):
+        failures = run(seed=900000, n=40, batch=20, repro_dir=str(tmp_path), log=lambda *a: None)
+    assert not failures, "fuzzed programs disagree with eager through Triton; reproducers:\n" + "\n".join(
         open(p).read() for p in failures[:3])
 
 

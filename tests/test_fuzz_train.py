@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from minicompile.codegen import BACKENDS
 from minicompile.decomp.registry import DECOMPOSITIONS
 from minicompile.testing import fuzz_train
 
@@ -17,6 +18,16 @@ def test_fuzzed_training_programs_match_eager(tmp_path):
     assert not failures, "fuzzed training programs disagree with eager; reproducers:\n" + "\n".join(
         open(p).read() for p in failures[:3])
     assert not fuzz_train.fallbacks, fuzz_train.fallbacks   # every batch was compiled, none ran eagerly
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+def test_fuzzed_training_programs_match_eager_through_triton(tmp_path):
+    # the Triton generator in its interpreter, forward and backward kernels (docs/triton.md)
+    from minicompile.config import patch
+    with patch(cpu_backend="triton"):
+        failures = fuzz_train.run(seed=900000, n=10, batch=10, repro_dir=str(tmp_path), log=lambda *a: None)
+    assert not failures, "fuzzed training programs disagree with eager through Triton; reproducers:\n" + "\n".join(
+        open(p).read() for p in failures[:3])
 
 
 def test_training_programs_have_inputs_that_require_grad():

@@ -190,6 +190,22 @@ def test_missing_triton_is_a_clear_error(monkeypatch):
         compile_fn(lambda x: x + 1, torch.randn(4))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is for machines without a GPU")
+def test_gpu_check_dry_run(tmp_path):
+    """benchmarks/gpu_check.sh with the GPU work stubbed (about 5 minutes on 2 cores): every step
+    passes and the results file has the summary and the benchmark table."""
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = dict(helpers.subprocess_env(), MINICOMPILE_GPU_DRY_RUN="1", PYTHON=sys.executable)
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(tmp_path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    results = (tmp_path / "gpu-results.md").read_text()
+    assert "| gpu-tests |" in results and "FAILED" not in results and "| pointwise chain |" in results
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_benchmark_exits_cleanly_without_cuda(capsys):
     import importlib.util

@@ -13,7 +13,8 @@ with the ptxas it ships. So::
 compiles each launched kernel, with the argument types it was called with and every block
 setting the GPU launcher would try for its sizes (``TritonKernelLauncher.candidates``), and
 reports the ones that do not compile or break a device limit (shared memory per block, threads
-per block). ``python -m minicompile.testing.fuzz --gpu-compile`` and tests/test_triton_gpu_compile.py
+per block); with ``usage=[]`` it also reads each build's registers and local memory (spills)
+with the cuobjdump that ships with Triton. ``python -m minicompile.testing.fuzz --gpu-compile`` and tests/test_triton_gpu_compile.py
 use it.
 """
 from __future__ import annotations
@@ -80,8 +81,10 @@ def _source_of(launcher) -> str:
         return f.read()
 
 
-def compile_for_gpu(launches, arch: int = 90, every_candidate: bool = True) -> list[str]:
-    """Compile each recorded launch for CUDA ``sm_<arch>``; the problems found, one line each."""
+def compile_for_gpu(launches, arch: int = 90, every_candidate: bool = True, usage: list | None = None) -> list[str]:
+    """Compile each recorded launch for CUDA ``sm_<arch>``; the problems found, one line each.
+    ``usage`` (a list) receives (kernel and setting, registers a thread, local memory bytes a
+    thread: spilled registers) for each build."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -107,12 +110,36 @@ def compile_for_gpu(launches, arch: int = 90, every_candidate: bool = True) -> l
             except Exception as e:  # noqa: BLE001 - a kernel the GPU compiler rejects is the finding
                 problems.append(f"{what}: {type(e).__name__}: {_first_lines(e)}")
                 continue
+            if usage is not None:
+                usage.append((what, *resource_usage(compiled.asm["cubin"])))
             shared = compiled.metadata.shared
             if shared > SHARED_MEMORY_LIMIT:
                 problems.append(f"{what}: {shared} bytes of shared memory (limit {SHARED_MEMORY_LIMIT})")
             if choice["num_warps"] * 32 > THREADS_LIMIT:
                 problems.append(f"{what}: {choice['num_warps'] * 32} threads a block (limit {THREADS_LIMIT})")
     return problems
+
+
+def resource_usage(cubin: bytes) -> tuple:
+    """(registers, local bytes) a thread of the cubin's kernel uses, from the cuobjdump that ships
+    with Triton; (None, None) where it cannot run."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                                  timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None, None
+    found = re.search(r"REG:(\d+).*?LOCAL:(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
 
 
 def _first_lines(e: Exception) -> str:

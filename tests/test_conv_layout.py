@@ -179,6 +179,24 @@ def test_layout_times_count_the_weight_conversion_and_run_1x1_as_linear():
         assert set(times) == {"nchw", "nhwc"} and all(t > 0 for t in times.values())
 
 
+def test_a_layout_that_cannot_run_is_never_chosen(monkeypatch):
+    from minicompile.aot import conv_layout
+    from minicompile.runtime.autotune import NoCandidateRan
+    conv = conv_layout.ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
+    measured = {"nhwc": 1.0}   # NCHW raised: only NHWC's time
+    monkeypatch.setattr(conv_layout, "conv_layout_times", lambda conv, convert_weight: measured)
+    with patch(conv_layout="auto"):
+        assert conv_layout.channels_last_pays([conv], weights_cached=False)
+        measured.clear()
+        measured["nchw"] = 1.0
+        assert not conv_layout.channels_last_pays([conv], weights_cached=False)
+
+        def neither(conv, convert_weight):
+            raise NoCandidateRan("no candidate routine ran: ['nchw', 'nhwc']")
+        monkeypatch.setattr(conv_layout, "conv_layout_times", neither)
+        assert not conv_layout.channels_last_pays([conv], weights_cached=False)   # eager's layout
+
+
 def test_unknown_conv_layout_is_an_error_naming_the_choices():
     from minicompile.aot.conv_layout import ConvShape, channels_last_pays
     conv = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)

@@ -231,6 +231,10 @@ def test_auto_gemm_choice_is_measured_once_and_remembered(monkeypatch):
     assert autotune.library_choice(key, {"slow": never, "fast": never}) == "fast"
     failing = {"raises": lambda: 1 / 0, "runs": lambda: time.sleep(0.001)}
     assert autotune.library_choice(key + "-2", failing) == "runs"   # a candidate that raises is never chosen
+    broken = {"raises": lambda: 1 / 0, "also raises": lambda: [][0]}
+    with pytest.raises(autotune.NoCandidateRan, match="ZeroDivisionError"):
+        autotune.library_choice(key + "-3", broken)
+    assert autotune.library_choice(key + "-4", broken, otherwise="ours") == "ours"   # where none runs
 
 
 def test_a_preferred_library_is_kept_unless_another_is_faster_by_the_margin():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import torch
 from minicompile.aot.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import cpu_name, library_times, real_tensors
+from minicompile.runtime.autotune import NoCandidateRan, cpu_name, library_times, real_tensors
 
 aten = torch.ops.aten
 # inside functionalize_channels_last: the trace's Claims
@@ -125,9 +126,12 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
         if conv.input_ready and same_both_ways[(conv.input, conv.weight)] > 0:
             same_both_ways[(conv.input, conv.weight)] -= 1
             continue
-        times = conv_layout_times(conv, convert_weight=not (conv.weight_ready or weights_cached))
-        for layout in total:
-            total[layout] += times[layout]
+        try:
+            times = conv_layout_times(conv, convert_weight=not (conv.weight_ready or weights_cached))
+        except NoCandidateRan:   # neither layout runs alone: keep eager's
+            return False
+        for layout in total:      # a layout that did not run is never chosen
+            total[layout] += times.get(layout, math.inf)
     return total["nhwc"] < total["nchw"]
 
 

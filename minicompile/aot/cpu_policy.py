@@ -90,7 +90,7 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
         return library_choice(key, {"mkl": lambda: torch.mm(*operands()),
                                     "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")},
                               f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})",
-                              prefer="mkl", margin=ONEDNN_MARGIN)
+                              prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
 
 
 # oneDNN's linear must be this much faster alone to be chosen: it allocates its result on every
@@ -190,7 +190,8 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
     2-3% faster. So ``config.cpu_attention`` "auto"
     times both once per machine, thread count and shape (the math side as the library calls
     our form makes: two batched products around eager's softmax) and keeps flash unless math
-    is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice.
+    is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice. Where neither runs on
+    operands laid out as the traced ones, the math form is chosen: it needs no library.
     """
     mode = config.cpu_attention
     if mode not in ("auto", "math", "flash"):
@@ -217,10 +218,7 @@ def _measured_attention(query, key, value, attn_mask, is_causal, scale) -> str:
                         *shapes, f"mask={attn_mask is not None}", f"causal={is_causal}",
                         f"flash unless math {FLASH_MARGIN} faster")
 
-    def real(t):  # a random tensor laid out as ``t`` (its strides, at the size hints)
-        return torch.empty_strided([_hint(n) for n in t.shape], [_hint(s) for s in t.stride()],
-                                   dtype=t.dtype).normal_()
-    made = functools.cache(lambda: [real(t) for t in tensors])
+    made = functools.cache(lambda: [_random_as(t) for t in tensors])
 
     def flash():
         q, k, v, *mask = made()
@@ -235,7 +233,18 @@ def _measured_attention(query, key, value, attn_mask, is_causal, scale) -> str:
 
     what = f"attention {' '.join(shapes)}{' masked' if attn_mask is not None else ''}{' causal' if is_causal else ''}"
     with real_tensors():
-        return library_choice(key_, {"math": math_form, "flash": flash}, what, prefer="flash", margin=FLASH_MARGIN)
+        return library_choice(key_, {"math": math_form, "flash": flash}, what, prefer="flash", margin=FLASH_MARGIN,
+                              otherwise="math")
+
+
+def _random_as(t) -> torch.Tensor:
+    """Random values laid out as ``t`` (its dtype, its strides at the size hints), as a view of the
+    storage it reads: a stride may be 0 (HF's repeat_kv expands one key/value head over the query
+    heads; masks are expanded), and such a tensor cannot be filled in place."""
+    size, stride = [_hint(n) for n in t.shape], [_hint(s) for s in t.stride()]
+    extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+    storage = torch.rand(extent) < 0.9 if t.dtype == torch.bool else torch.randn(extent).to(t.dtype)
+    return storage.as_strided(size, stride)
 
 
 def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):

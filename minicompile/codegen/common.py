@@ -8,6 +8,7 @@ a loop. What is the same everywhere lives here, so the two generators cannot dri
 - the arguments: every buffer the kernel touches in memory, in first-use order, with its role,
   dtype and shape (``KernelArg``);
 - the header comment: the FX nodes the kernel fuses, grouped by the user source line they came from;
+- ``comment_text``: how text the user wrote enters a comment of the generated code;
 - the stage walk: a "scalar" stage runs once per outer point, a "loop" stage is one loop over
   the inner (reduced) ranges, in the order the scheduler planned;
 - reductions: each backend's ``REDUCTIONS = {kind: (identity, combine)}`` table (next to its
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -75,6 +77,21 @@ def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
         if in_memory(n.name):
             seen.setdefault(storage.get(n.name, n.name), [n, False, False])[2] = True
     return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
+
+
+# /* and */ open and close a C block comment, ?? starts a trigraph (??/ is a backslash to some compilers)
+_COMMENT_PAIRS = re.compile(r"/(?=\*)|\*(?=/)|\?(?=\?)")
+
+
+def comment_text(text) -> str:
+    """User text (a source line, a file or FX node name, an extern's reason) as one line that stays
+    inside a C++ ``//`` or ``/* */`` comment and a Python ``#`` one: printable ASCII, with Python
+    escapes for the rest (``café`` -> ``caf\\xe9``, a newline -> ``\\n``); ``/*``, ``*/`` and ``??``
+    split by a space; a trailing backslash, which C++ joins with the next line (the kernel's
+    signature) even across trailing blanks, followed by ``<newline>``."""
+    text = "".join(c if " " <= c <= "~" else " " if c == "\t" else ascii(c)[1:-1] for c in str(text))
+    text = _COMMENT_PAIRS.sub(lambda m: m.group() + " ", text).rstrip()
+    return text + "<newline>" if text.endswith("\\") else text
 
 
 def reductions_of(nodes) -> list:
@@ -165,13 +182,13 @@ class KernelRenderer:
     def header(self) -> list[str]:
         c, groups = self.COMMENT, origins_by_source_line(self.k, self.sources)
         if list(groups) == [""]:
-            return [f"{c} {self.k.name}: fuses FX nodes {', '.join(groups[''])}"]
+            return [f"{c} {self.k.name}: fuses FX nodes {comment_text(', '.join(groups['']))}"]
         lines = [f"{c} {self.k.name}: fuses FX nodes, by the user source line they came from:"]
         for source, nodes in groups.items():
             where, _, code = source.partition(": ")
-            lines.append(f"{c}   {where or '(no source line)'}  <- {', '.join(nodes)}")
+            lines.append(f"{c}   {comment_text(where) or '(no source line)'}  <- {comment_text(', '.join(nodes))}")
             if code:
-                lines.append(f"{c}       {code}")
+                lines.append(f"{c}       {comment_text(code)}")
         return lines
 
     def walk_stages(self, lines: list, known: dict, separator: tuple = ()) -> list:

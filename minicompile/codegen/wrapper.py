@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minicompile.codegen.common import graph_symbols
+from minicompile.codegen.common import comment_text, graph_symbols
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView,
@@ -67,7 +67,9 @@ class WrapperCode:
         if isinstance(a, (list, tuple)):
             inner = ", ".join(self.value(x) for x in a)
             return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
-        if isinstance(a, bool) or a is None or isinstance(a, (int, str)):
+        if isinstance(a, str):  # an exact literal of any string, in ASCII: quotes and newlines escaped
+            return ascii(a)
+        if isinstance(a, bool) or a is None or isinstance(a, int):
             return repr(a)
         if isinstance(a, float):
             return repr(a) if math.isfinite(a) else f"float('{a}')"
@@ -115,9 +117,10 @@ class WrapperCode:
                     if writes_out(b):  # into its own buffer, already in the layout kernels index
                         out_op = OUT_VARIANTS[b.op]
                         L.append(self._alloc(b, pool, outputs))
-                        L.append(f"{self._ref(out_op)}({args}, out={b.name})  # {out_op} into {b.name}: {b.reason}")
+                        L.append(f"{self._ref(out_op)}({args}, out={b.name})  # "
+                                 + comment_text(f"{out_op} into {b.name}: {b.reason}"))
                     else:
-                        L.append(f"{b.name} = {self._ref(b.op)}({args})  # {b.op}: {b.reason}")
+                        L.append(f"{b.name} = {self._ref(b.op)}({args})  # {comment_text(f'{b.op}: {b.reason}')}")
                         if b.layout is not None:
                             L.append(self._conform(b))
                 elif isinstance(b, MultiOutput):
@@ -249,7 +252,7 @@ def _with_events(steps) -> list:
     """The steps' lines, each kernel and extern call inside a profiler event of its name."""
     out = []
     for event, lines in steps:
-        out += [f"with record_function({event!r}):", *_indent(lines)] if event and lines else lines
+        out += [f"with record_function({ascii(event)}):", *_indent(lines)] if event and lines else lines
     return out
 
 

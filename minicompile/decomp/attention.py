@@ -26,6 +26,9 @@ def _repeat_kv_heads(t, num_heads):
     kv_heads = t.shape[-3]
     if kv_heads == num_heads:
         return t
+    if num_heads % kv_heads:
+        raise RuntimeError(f"scaled_dot_product_attention: {num_heads} query heads cannot share "
+                           f"{kv_heads} key/value heads (grouped-query attention needs a multiple)")
     group = num_heads // kv_heads
     expanded = aten.expand.default(
         aten.unsqueeze.default(t, -3), list(t.shape[:-2]) + [group] + list(t.shape[-2:])
@@ -34,7 +37,7 @@ def _repeat_kv_heads(t, num_heads):
 
 
 def attention_math(query, key, value, attn_mask=None, is_causal=False, scale=None):
-    """Returns (output, logsumexp of the scores); fully masked rows give output 0."""
+    """Returns (output, logsumexp of the scores); fully masked rows give output 0 and logsumexp 0."""
     q, k, v = upcast(query), upcast(key), upcast(value)
     if q.dim() >= 3:
         k, v = _repeat_kv_heads(k, q.shape[-3]), _repeat_kv_heads(v, q.shape[-3])
@@ -60,7 +63,9 @@ def attention_math(query, key, value, attn_mask=None, is_causal=False, scale=Non
     # A row with every key masked has denom 0: divide by 1 so its weights stay 0.
     safe_denom = fill_where(aten.eq.Scalar(denom, 0), 1, denom)
     out = matmul(aten.div.Tensor(e, safe_denom), v)
-    lse = aten.squeeze.dim(aten.add.Tensor(aten.log.default(denom), row_max), -1)
+    # Such a row's logsumexp is 0, as eager's flash kernel writes it: its backward, which training
+    # runs on this logsumexp, computes the weights as exp(score - logsumexp), NaN for -inf - -inf
+    lse = aten.squeeze.dim(aten.add.Tensor(aten.log.default(safe_denom), row_max), -1)
     return to_dtype(out, query.dtype), lse
 
 

@@ -95,7 +95,12 @@ LIBRARY_BUDGET_S = 0.02     # ... running until this much time has passed (0.05 
 _library_choices: dict = {}
 
 
-def library_choice(key: str, candidates: dict, what: str = "", prefer: str | None = None, margin: float = 0.0) -> str:
+class NoCandidateRan(RuntimeError):
+    """Every routine of a measured choice raised on its operands; the message names the first error."""
+
+
+def library_choice(key: str, candidates: dict, what: str = "", prefer: str | None = None, margin: float = 0.0,
+                   otherwise: str | None = None) -> str:
     """The fastest of ``candidates`` (name -> a call with no arguments), measured once per key.
 
     For choices between vendor routines for one operation and shape (aot/cpu_policy.py: MKL's
@@ -110,11 +115,19 @@ def library_choice(key: str, candidates: dict, what: str = "", prefer: str | Non
     waiting (medians of wall-clock rounds picked a 3x slower GEMM under load).
 
     ``prefer`` is kept unless another candidate is faster by more than ``margin`` (a fraction):
-    for a routine with a cost that timing it alone does not show.
+    for a routine with a cost that timing it alone does not show. ``otherwise`` is the answer
+    where no candidate runs (a form that needs none of them: our decomposition), else NoCandidateRan.
     """
     if key in _library_choices:
         return _library_choices[key]
-    times = library_times(key, candidates, what)
+    try:
+        times = library_times(key, candidates, what)
+    except NoCandidateRan as e:
+        if otherwise is None:
+            raise
+        log.info("%s: %s; using %s", what or key, e, otherwise)
+        _library_choices[key] = otherwise
+        return otherwise
     choice = min(times, key=times.get)
     if prefer in times and times[choice] > times[prefer] * (1 - margin):
         choice = prefer
@@ -151,14 +164,15 @@ def real_tensors():
 
 
 def _interleaved_best(candidates: dict) -> dict:
-    times = {name: [] for name in candidates}
+    times, errors = {name: [] for name in candidates}, {}
     for name, call in candidates.items():
         try:
             call()                          # warm-up: first-call setup is not the routine's speed
-        except Exception:  # noqa: BLE001 - a routine that does not run is not a candidate
+        except Exception as e:  # noqa: BLE001 - a routine that does not run is not a candidate
             del times[name]
+            errors[name] = f"{type(e).__name__}: {e}"
     if not times:
-        raise RuntimeError(f"no candidate routine ran: {sorted(candidates)}")
+        raise NoCandidateRan(f"no candidate routine ran: {sorted(candidates)} ({next(iter(errors.items()))})")
     start = time.perf_counter()
     for rounds in range(1, LIBRARY_ROUNDS[1] + 1):
         for name in times:

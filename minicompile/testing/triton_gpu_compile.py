@@ -20,9 +20,16 @@ use it.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import subprocess
+import tempfile
 from dataclasses import dataclass
 
 import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 from minicompile.runtime import triton_launch
 from minicompile.runtime.triton_launch import TritonKernelLauncher
@@ -85,10 +92,6 @@ def compile_for_gpu(launches, arch: int = 90, every_candidate: bool = True, usag
     """Compile each recorded launch for CUDA ``sm_<arch>``; the problems found, one line each.
     ``usage`` (a list) receives (kernel and setting, registers a thread, local memory bytes a
     thread: spilled registers) for each build."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     target = GPUTarget("cuda", arch, 32)
     problems, done = [], set()
     for launch in (launches.values() if isinstance(launches, dict) else launches):
@@ -123,12 +126,6 @@ def compile_for_gpu(launches, arch: int = 90, every_candidate: bool = True, usag
 def resource_usage(cubin: bytes) -> tuple:
     """(registers, local bytes) a thread of the cubin's kernel uses, from the cuobjdump that ships
     with Triton; (None, None) where it cannot run."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)

@@ -106,6 +106,8 @@ def test_zero_dim_inputs_combine_with_blocks():
     b, m = torch.tensor(True), torch.rand(3, 4) > 0.5
     check(lambda b, m: (b | m, m & b, b ^ m, torch.logical_or(b, m), torch.logical_and(m, b)), b, m)
     check(lambda s, a: torch.maximum(s.to(torch.bfloat16), a.to(torch.bfloat16)), s, x)
+    # a float64 constant is a 0-d tensor too (OpInfo linalg.matrix_rank: clamp_min(x, 0.0))
+    check(lambda a: (a.double().clamp_min(0.0), a.double().clamp_max(0.5)), x)
 
 
 def test_embedding_gather_runs_as_an_extern_between_kernels():

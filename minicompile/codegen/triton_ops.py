@@ -118,15 +118,17 @@ def mc_round_bf16(x):
         return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
 
 
-# NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave.
+# NaN-propagating max/min, as torch.maximum/minimum (and amax/amin) behave. Nested wheres,
+# not `(a != a) | (a > b)`: Triton's interpreter cannot `|` a 0-d bool (a float64 constant's
+# test) with a block (OpInfo linalg.matrix_rank through Triton).
 @triton.jit
 def mc_maximum(a, b):
-    return tl.where((a != a) | (a > b), a, b)
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def mc_minimum(a, b):
-    return tl.where((a != a) | (a < b), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
 @triton.jit

@@ -87,7 +87,15 @@ def _torch_special():
         torch.overrides.has_torch_function_variadic: _has_torch_function,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
+        nn.Module.__call__: _module_call_impl,   # super().__call__(...) in a module's own __call__
+        nn.Module._call_impl: _module_call_impl,
     }
+
+
+def _module_call_impl(tracer: Tracer, args, kwargs):
+    if not args or not isinstance(args[0], nn.Module):
+        raise GraphBreak("nn.Module.__call__ on something other than a module")
+    return _module_forward(tracer, args[0], args[1:], kwargs)
 
 
 def _has_torch_function(tracer: Tracer, args, kwargs) -> bool:
@@ -346,10 +354,20 @@ def _has_hooks(m: nn.Module) -> bool:
 
 
 def call_module(tracer: Tracer, m: nn.Module, args, kwargs):
+    """``m(*args, **kwargs)``: a class's own ``__call__`` (in Python) is inlined, and reaches
+    ``nn.Module.__call__`` through ``super().__call__``, which runs ``forward``."""
+    override = type(m).__call__
+    if override is not nn.Module.__call__:
+        if not isinstance(override, types.FunctionType):
+            raise GraphBreak(f"module {type(m).__name__} overrides __call__ with {describe(override)}")
+        return inline(tracer, override, [m, *args], kwargs)
+    return _module_forward(tracer, m, args, kwargs)
+
+
+def _module_forward(tracer: Tracer, m: nn.Module, args, kwargs):
+    """``nn.Module.__call__(m, ...)``: ``forward`` (hooks are not traced: a break)."""
     if _has_hooks(m):
         raise GraphBreak(f"module {type(m).__name__} has hooks (they are not traced)")
-    if type(m).__call__ is not nn.Module.__call__:
-        raise GraphBreak(f"module {type(m).__name__} overrides __call__")
     forward = m.__dict__.get("forward")
     if forward is None:
         forward = type(m).forward

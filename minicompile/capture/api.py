@@ -60,7 +60,7 @@ class CompiledModule:
         return f"CompiledModule({self._module!r})"
 
 
-def compile(fn=None, *, backend=None, dynamic=None):
+def compile(fn=None, *, backend=None, dynamic=None, fullgraph: bool = False):
     """Capture ``fn`` (a function or nn.Module) with minicompile's bytecode tracer.
 
     ``backend(gm, example_inputs) -> callable`` compiles each captured FX graph; the
@@ -68,14 +68,16 @@ def compile(fn=None, *, backend=None, dynamic=None):
     ``compile(fn)``. The result has ``capture_report`` (a CaptureReport). ``dynamic`` has
     torch.compile's meaning (capture/dynamic.py): None makes the sizes that change between
     calls symbolic (and ``torch._dynamo.mark_dynamic``'s dimensions from the first call),
-    True every size from the first call, False none.
+    True every size from the first call, False none. ``fullgraph=True`` raises
+    GraphBreakError at the first graph break or fallback instead of running that code in Python.
     """
     if fn is None:
-        return functools.partial(compile, backend=backend, dynamic=dynamic)
+        return functools.partial(compile, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     problem = _version_problem()
     if problem:
         warnings.warn(problem, stacklevel=2)
-    ctx = CaptureContext(backend or eager_backend, force_fallback=problem, dynamic=dynamic)
+    ctx = CaptureContext(backend or eager_backend, force_fallback=problem, dynamic=dynamic,
+                         fullgraph=fullgraph)
     return _compile_with(ctx, fn)
 
 

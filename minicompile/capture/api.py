@@ -16,6 +16,7 @@ import warnings
 from torch import nn
 
 from minicompile.capture.cache import CaptureContext, _module_hooks, eager_backend
+from minicompile.capture.calls import class_call
 from minicompile.capture.explain import CaptureReport
 
 SUPPORTED_PYTHON = ((3, 11), (3, 12))
@@ -88,13 +89,22 @@ def _compile_with(ctx: CaptureContext, fn):
             return _bound(ctx, forward)
         if isinstance(forward, types.FunctionType):
             return _with_report(ctx.wrapper_for(forward), ctx)
-        return CompiledModule(fn, ctx.wrapper_for(type(fn).forward))
+        call = class_call(type(fn))   # a class's own __call__ runs first, as calling the module does
+        if call is nn.Module.__call__:
+            call = type(fn).forward
+        elif not isinstance(call, types.FunctionType):
+            call = _call_module     # traced as a call of the module: a break into its __call__
+        return CompiledModule(fn, ctx.wrapper_for(call))
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return _bound(ctx, fn)
     if isinstance(fn, types.FunctionType):
         return ctx.wrapper_for(fn)
     raise TypeError(f"minicompile.compile expects a Python function or an nn.Module, "
                     f"got {type(fn).__name__}; wrap it in a function (def f(*a): return obj(*a)).")
+
+
+def _call_module(module, *args, **kwargs):
+    return module(*args, **kwargs)
 
 
 def _bound(ctx: CaptureContext, method: types.MethodType):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from minicompile.capture.calls import class_call
 from minicompile.capture.dynamic import FrameSizes
 from minicompile.capture.explain import CaptureReport, FallbackRecord, GraphBreakError, RecompileRecord
 from minicompile.capture.fallback import try_fx
@@ -73,9 +74,12 @@ class CaptureContext:
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
                 and not _is_library(fn.__func__):
             return functools.partial(self.wrapper_for(fn.__func__), fn.__self__)
-        if isinstance(fn, nn.Module) and not _module_hooks(fn) and "forward" not in fn.__dict__ \
-                and type(fn).__call__ is nn.Module.__call__ and not _is_library(type(fn).forward):
-            return functools.partial(self.wrapper_for(type(fn).forward), fn)
+        if isinstance(fn, nn.Module) and not _module_hooks(fn) and "forward" not in fn.__dict__:
+            call = class_call(type(fn))
+            if call is nn.Module.__call__ and not _is_library(type(fn).forward):
+                return functools.partial(self.wrapper_for(type(fn).forward), fn)
+            if isinstance(call, types.FunctionType) and not _is_library(call):   # the class's own __call__
+                return functools.partial(self.wrapper_for(call), fn)
         return fn
 
 

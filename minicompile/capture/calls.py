@@ -353,11 +353,22 @@ def _has_hooks(m: nn.Module) -> bool:
                 or nn_module._global_backward_hooks)
 
 
+def class_call(cls: type):
+    """``cls.__call__`` as the class stores it: a plain function is a method; anything else
+    (staticmethod, partialmethod, a C callable) binds in its own way."""
+    for k in cls.__mro__:
+        if "__call__" in k.__dict__:
+            return k.__dict__["__call__"]
+    return None
+
+
 def call_module(tracer: Tracer, m: nn.Module, args, kwargs):
     """``m(*args, **kwargs)``: a class's own ``__call__`` (in Python) is inlined, and reaches
     ``nn.Module.__call__`` through ``super().__call__``, which runs ``forward``."""
-    override = type(m).__call__
+    override = class_call(type(m))
     if override is not nn.Module.__call__:
+        if isinstance(override, staticmethod):
+            return call(tracer, override.__func__, list(args), kwargs)
         if not isinstance(override, types.FunctionType):
             raise GraphBreak(f"module {type(m).__name__} overrides __call__ with {describe(override)}")
         return inline(tracer, override, [m, *args], kwargs)
@@ -444,4 +455,4 @@ def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
     raise GraphBreak(f"{describe(fn)} on symbolic values")
 
 
-__all__ = ["call", "inline", "call_module", "describe"]
+__all__ = ["call", "inline", "call_module", "class_call", "describe"]

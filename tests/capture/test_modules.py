@@ -1,6 +1,8 @@
 """nn.Module forward inlined: parameters/buffers as graph inputs, containers iterated."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -299,3 +301,29 @@ def test_module_overriding_call_with_hook_breaks_and_hook_runs():
     assert same(report.output, expected)
     assert report.break_count == 1 and "hooks" in report.breaks[0].reason
     assert len(seen) == 2
+
+
+def test_compiled_module_runs_its_classes_call():
+    """compile(m) ran ``forward`` and skipped the class's own ``__call__`` (a wrong result)."""
+    class Tens(nn.Module):
+        def __call__(self, x):
+            return super().__call__(x) * 10
+
+        def forward(self, x):
+            return x + 1
+
+    class Native(nn.Module):   # a __call__ that is not Python code: a break that runs it
+        __call__ = functools.partialmethod(nn.Module.__call__)
+
+        def forward(self, x):
+            return x - 1
+
+    class Static(nn.Module):   # m(x) calls it without the module
+        __call__ = staticmethod(lambda x: x * 3)
+
+    x = t(3)
+    check_capture(Tens(), x, graphs=1, breaks=0)
+    assert same(compile(Tens())(x), (x + 1) * 10)
+    assert same(compile(Native())(x), x - 1)
+    assert same(compile(Static())(x), x * 3)
+    check_capture(nn.Sequential(Static(), Tens()), x, graphs=1, breaks=0)

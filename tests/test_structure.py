@@ -97,7 +97,7 @@ GENERATED_MAY_IMPORT = ("torch", "triton", "minicompile.runtime")
 
 # Imports inside a function, by (file, module): each needs a reason to exist.
 ALLOWED_FUNCTION_IMPORTS = {
-    ("minicompile/__init__.py", "minicompile.backend"):
+    ("minicompile/compile_options.py", "minicompile.backend"):
         "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
     ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
     ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",

@@ -11,6 +11,6 @@ from minicompile.capture import interpreter as _interpreter  # noqa: F401
 from minicompile.capture import ops_data as _ops_data  # noqa: F401
 from minicompile.capture.api import CompiledModule, compile, explain
 from minicompile.capture.cache import eager_backend
-from minicompile.capture.explain import CaptureReport
+from minicompile.capture.explain import CaptureReport, GraphBreakError
 
-__all__ = ["compile", "explain", "CaptureReport", "CompiledModule", "eager_backend"]
+__all__ = ["compile", "explain", "CaptureReport", "CompiledModule", "eager_backend", "GraphBreakError"]

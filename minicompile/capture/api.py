@@ -16,6 +16,7 @@ import warnings
 from torch import nn
 
 from minicompile.capture.cache import CaptureContext, _module_hooks, eager_backend
+from minicompile.capture.calls import class_call
 from minicompile.capture.explain import CaptureReport
 
 SUPPORTED_PYTHON = ((3, 11), (3, 12))
@@ -60,7 +61,7 @@ class CompiledModule:
         return f"CompiledModule({self._module!r})"
 
 
-def compile(fn=None, *, backend=None, dynamic=None):
+def compile(fn=None, *, backend=None, dynamic=None, fullgraph: bool = False):
     """Capture ``fn`` (a function or nn.Module) with minicompile's bytecode tracer.
 
     ``backend(gm, example_inputs) -> callable`` compiles each captured FX graph; the
@@ -68,14 +69,16 @@ def compile(fn=None, *, backend=None, dynamic=None):
     ``compile(fn)``. The result has ``capture_report`` (a CaptureReport). ``dynamic`` has
     torch.compile's meaning (capture/dynamic.py): None makes the sizes that change between
     calls symbolic (and ``torch._dynamo.mark_dynamic``'s dimensions from the first call),
-    True every size from the first call, False none.
+    True every size from the first call, False none. ``fullgraph=True`` raises
+    GraphBreakError at the first graph break or fallback instead of running that code in Python.
     """
     if fn is None:
-        return functools.partial(compile, backend=backend, dynamic=dynamic)
+        return functools.partial(compile, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     problem = _version_problem()
     if problem:
         warnings.warn(problem, stacklevel=2)
-    ctx = CaptureContext(backend or eager_backend, force_fallback=problem, dynamic=dynamic)
+    ctx = CaptureContext(backend or eager_backend, force_fallback=problem, dynamic=dynamic,
+                         fullgraph=fullgraph)
     return _compile_with(ctx, fn)
 
 
@@ -86,13 +89,22 @@ def _compile_with(ctx: CaptureContext, fn):
             return _bound(ctx, forward)
         if isinstance(forward, types.FunctionType):
             return _with_report(ctx.wrapper_for(forward), ctx)
-        return CompiledModule(fn, ctx.wrapper_for(type(fn).forward))
+        call = class_call(type(fn))   # a class's own __call__ runs first, as calling the module does
+        if call is nn.Module.__call__:
+            call = type(fn).forward
+        elif not isinstance(call, types.FunctionType):
+            call = _call_module     # traced as a call of the module: a break into its __call__
+        return CompiledModule(fn, ctx.wrapper_for(call))
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return _bound(ctx, fn)
     if isinstance(fn, types.FunctionType):
         return ctx.wrapper_for(fn)
     raise TypeError(f"minicompile.compile expects a Python function or an nn.Module, "
                     f"got {type(fn).__name__}; wrap it in a function (def f(*a): return obj(*a)).")
+
+
+def _call_module(module, *args, **kwargs):
+    return module(*args, **kwargs)
 
 
 def _bound(ctx: CaptureContext, method: types.MethodType):

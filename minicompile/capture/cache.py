@@ -18,8 +18,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from minicompile.capture.calls import class_call
 from minicompile.capture.dynamic import FrameSizes
-from minicompile.capture.explain import CaptureReport, FallbackRecord, RecompileRecord
+from minicompile.capture.explain import CaptureReport, FallbackRecord, GraphBreakError, RecompileRecord
 from minicompile.capture.fallback import try_fx
 from minicompile.capture.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
 from minicompile.capture.native import NativeEntry
@@ -42,9 +43,11 @@ def eager_backend(gm: torch.fx.GraphModule, example_inputs: list):
 class CaptureContext:
     """Shared by everything one ``compile()`` produced: backend, report, nested wrappers."""
 
-    def __init__(self, backend=None, force_fallback: str | None = None, dynamic: bool | None = None):
+    def __init__(self, backend=None, force_fallback: str | None = None, dynamic: bool | None = None,
+                 fullgraph: bool = False):
         self.backend = backend or eager_backend
         self.dynamic = dynamic        # torch.compile's ``dynamic``: None (automatic), True, False
+        self.fullgraph = fullgraph    # a graph break or fallback raises GraphBreakError
         self.report = CaptureReport()
         self.force_fallback = force_fallback     # e.g. unsupported Python version
         self.caches: dict = {}        # code object -> CodeCache
@@ -71,9 +74,12 @@ class CaptureContext:
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
                 and not _is_library(fn.__func__):
             return functools.partial(self.wrapper_for(fn.__func__), fn.__self__)
-        if isinstance(fn, nn.Module) and not _module_hooks(fn) and "forward" not in fn.__dict__ \
-                and type(fn).__call__ is nn.Module.__call__ and not _is_library(type(fn).forward):
-            return functools.partial(self.wrapper_for(type(fn).forward), fn)
+        if isinstance(fn, nn.Module) and not _module_hooks(fn) and "forward" not in fn.__dict__:
+            call = class_call(type(fn))
+            if call is nn.Module.__call__ and not _is_library(type(fn).forward):
+                return functools.partial(self.wrapper_for(type(fn).forward), fn)
+            if isinstance(call, types.FunctionType) and not _is_library(call):   # the class's own __call__
+                return functools.partial(self.wrapper_for(call), fn)
         return fn
 
 
@@ -214,6 +220,8 @@ class CodeCache:
 
     def _fallback(self, fn, L, args, kwargs, reason: str, where: str | None):
         name = self.code.co_name
+        if self.ctx.fullgraph:
+            raise GraphBreakError(name, reason, where)
         entry, why_not = try_fx(self, fn, L[:len(self.names)]) if not fn.__closure__ else (None, "closure")
         if entry is not None:
             self.ctx.report.fallbacks.append(FallbackRecord(name, "fx", reason, where))

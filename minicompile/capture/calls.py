@@ -87,7 +87,15 @@ def _torch_special():
         torch.overrides.has_torch_function_variadic: _has_torch_function,
         torch.no_grad: lambda tracer, args, kwargs: _grad_ctx(False, args, kwargs),
         torch.enable_grad: lambda tracer, args, kwargs: _grad_ctx(True, args, kwargs),
+        nn.Module.__call__: _module_call_impl,   # super().__call__(...) in a module's own __call__
+        nn.Module._call_impl: _module_call_impl,
     }
+
+
+def _module_call_impl(tracer: Tracer, args, kwargs):
+    if not args or not isinstance(args[0], nn.Module):
+        raise GraphBreak("nn.Module.__call__ on something other than a module")
+    return _module_forward(tracer, args[0], args[1:], kwargs)
 
 
 def _has_torch_function(tracer: Tracer, args, kwargs) -> bool:
@@ -345,11 +353,32 @@ def _has_hooks(m: nn.Module) -> bool:
                 or nn_module._global_backward_hooks)
 
 
+def class_call(cls: type):
+    """``cls.__call__`` as the class stores it: a plain function is a method; anything else
+    (staticmethod, partialmethod, a C callable) binds in its own way."""
+    for k in cls.__mro__:
+        if "__call__" in k.__dict__:
+            return k.__dict__["__call__"]
+    return None
+
+
 def call_module(tracer: Tracer, m: nn.Module, args, kwargs):
+    """``m(*args, **kwargs)``: a class's own ``__call__`` (in Python) is inlined, and reaches
+    ``nn.Module.__call__`` through ``super().__call__``, which runs ``forward``."""
+    override = class_call(type(m))
+    if override is not nn.Module.__call__:
+        if isinstance(override, staticmethod):
+            return call(tracer, override.__func__, list(args), kwargs)
+        if not isinstance(override, types.FunctionType):
+            raise GraphBreak(f"module {type(m).__name__} overrides __call__ with {describe(override)}")
+        return inline(tracer, override, [m, *args], kwargs)
+    return _module_forward(tracer, m, args, kwargs)
+
+
+def _module_forward(tracer: Tracer, m: nn.Module, args, kwargs):
+    """``nn.Module.__call__(m, ...)``: ``forward`` (hooks are not traced: a break)."""
     if _has_hooks(m):
         raise GraphBreak(f"module {type(m).__name__} has hooks (they are not traced)")
-    if type(m).__call__ is not nn.Module.__call__:
-        raise GraphBreak(f"module {type(m).__name__} overrides __call__")
     forward = m.__dict__.get("forward")
     if forward is None:
         forward = type(m).forward
@@ -426,4 +455,4 @@ def _pure_or_graph(tracer: Tracer, fn, args, kwargs):
     raise GraphBreak(f"{describe(fn)} on symbolic values")
 
 
-__all__ = ["call", "inline", "call_module", "describe"]
+__all__ = ["call", "inline", "call_module", "class_call", "describe"]

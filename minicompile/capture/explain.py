@@ -7,6 +7,7 @@ TorchDynamo) and adds, per graph, what the backend compiled and the inputs it sa
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -30,6 +31,28 @@ class BreakRecord:
     code_name: str
     reason: str
     where: str            # the user's file:line ("" when the front end does not know it)
+
+
+class GraphBreakError(RuntimeError):
+    """Raised by a function compiled with ``fullgraph=True`` at its first graph break or fallback,
+    before anything of that call ran: the reason and the user's file:line and source text."""
+
+    def __init__(self, code_name: str, reason: str, where: str | None):
+        self.code_name, self.reason, self.where = code_name, reason, where
+        line = _source_text(where)
+        super().__init__(
+            f"minicompile: {code_name}() cannot be captured as one graph (fullgraph=True): {reason}"
+            + (f"\n  at {where}" if where else "") + (f": {line}" if line else "")
+            + "\nRewrite that code so it can be traced (docs/capture.md lists what breaks), or compile "
+              "with fullgraph=False to run it in Python between graphs; minicompile.explain(fn)(*args) "
+              "lists every break.")
+
+
+def _source_text(where: str | None) -> str:
+    if not where or ":" not in where:
+        return ""
+    path, _, line = where.rpartition(":")
+    return linecache.getline(path, int(line)).strip() if line.isdigit() else ""
 
 
 @dataclass

@@ -17,6 +17,7 @@ import torch.fx
 from minicompile.capture import dynamic, objects
 from minicompile.capture.calls import call
 from minicompile.capture.codegen import Reifier, compile_function, side_effect_lines
+from minicompile.capture.explain import GraphBreakError
 from minicompile.capture.frame import Frame, arg_names
 from minicompile.capture.guards import Guards, check_source
 from minicompile.capture.interpreter import StopAtBreak, run_frame
@@ -68,7 +69,7 @@ def trace_segment(cache, offset: int, L: tuple) -> Entry:
         try:
             return _trace(cache, offset, L, sizes)
         except Exception as e:  # any gap of the symbolic trace: the static trace is always right
-            why = e.reason if isinstance(e, (CannotCapture, GraphBreak)) else f"{type(e).__name__}: {e}"
+            why = e.reason if isinstance(e, (CannotCapture, GraphBreak, GraphBreakError)) else f"{type(e).__name__}: {e}"
             sizes.give_up(why)
     return _trace(cache, offset, L, sizes)
 
@@ -104,6 +105,8 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
             if frame is not None and top is not None and top not in forced:
                 inst = frame.insts[frame.info.index_of[top]]
                 if inst.opname in NATIVE_STEPS:
+                    if cache.ctx.fullgraph:   # before the graph so far is compiled
+                        raise GraphBreakError(cache.code.co_name, e.reason, e.where or frame.where())
                     if frame.info.unsplittable:
                         raise CannotCapture(f"{e.reason}; {cache.code.co_name}() has "
                                             f"{frame.info.unsplittable} (try/with-block), where a "

@@ -1,6 +1,8 @@
 """nn.Module forward inlined: parameters/buffers as graph inputs, containers iterated."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -238,3 +240,90 @@ def test_inputs_whose_readable_names_collide_get_distinct_arguments():
 
     outer = nn.Sequential(nn.Sequential(Deep()))
     check_capture(outer, t(3, 4), graphs=1, breaks=0)
+
+
+class CallOverride(nn.Module):
+    """A layer whose class overrides ``__call__`` and reaches ``forward`` through
+    ``super().__call__`` (transformers' GradientCheckpointingLayer has this shape)."""
+    doubled = False
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def __call__(self, *args, **kwargs):
+        if self.doubled and "scale" in kwargs:
+            kwargs["scale"] = kwargs["scale"] * 2
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, x, scale=1.0):
+        return self.fc(x) * scale
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([CallOverride() for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x, scale=0.5)
+        return x
+
+
+def test_module_overriding_call_is_inlined():
+    """An overridden ``__call__`` was a graph break per layer."""
+    m = Stack()
+    check_capture(m, t(2, 4), graphs=1, breaks=0)
+    check_capture(m.layers[0], t(2, 4), graphs=1, breaks=0, scale=3.0)   # the compiled module itself
+
+
+def test_module_overriding_call_follows_its_attributes():
+    """The override's branch reads the instance: changing it changes the result, as in eager."""
+    m = Stack()
+    x = t(2, 4)
+    cm = compile(m)
+    before = m(x)
+    assert same(cm(x), before)
+    m.layers[1].doubled = True
+    after = m(x)
+    assert not same(before, after)
+    assert same(cm(x), after)
+
+
+def test_module_overriding_call_with_hook_breaks_and_hook_runs():
+    m = Stack()
+    seen = []
+    m.layers[0].register_forward_hook(lambda mod, inp, out: seen.append(1))
+    x = t(2, 4)
+    expected = m(x)
+    report = explain(m)(x)
+    assert same(report.output, expected)
+    assert report.break_count == 1 and "hooks" in report.breaks[0].reason
+    assert len(seen) == 2
+
+
+def test_compiled_module_runs_its_classes_call():
+    """compile(m) ran ``forward`` and skipped the class's own ``__call__`` (a wrong result)."""
+    class Tens(nn.Module):
+        def __call__(self, x):
+            return super().__call__(x) * 10
+
+        def forward(self, x):
+            return x + 1
+
+    class Native(nn.Module):   # a __call__ that is not Python code: a break that runs it
+        __call__ = functools.partialmethod(nn.Module.__call__)
+
+        def forward(self, x):
+            return x - 1
+
+    class Static(nn.Module):   # m(x) calls it without the module
+        __call__ = staticmethod(lambda x: x * 3)
+
+    x = t(3)
+    check_capture(Tens(), x, graphs=1, breaks=0)
+    assert same(compile(Tens())(x), (x + 1) * 10)
+    assert same(compile(Native())(x), x - 1)
+    assert same(compile(Static())(x), x * 3)
+    check_capture(nn.Sequential(Static(), Tens()), x, graphs=1, breaks=0)

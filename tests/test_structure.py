@@ -86,8 +86,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # comment (codegen/common.py comment_text) ~13. Attention on every shape: timing operands laid
 # out as the traced ones (stride 0 included) and the math form where no candidate runs ~32.
 # GPU runs: a 0-d input loaded as a block, float64 sqrt templates, CUDA's stride rule, refused
-# CUDA-graph captures, the GPU's bf16 conversion ~55: 16307.
-CORE_LINE_BUDGET = 16_310
+# CUDA-graph captures, the GPU's bf16 conversion ~55: 16307. minicompile.compile takes
+# torch.compile's arguments (compile_options.py: fullgraph, mode, options, backend by name) and
+# inlines a module's own __call__ (transformers 5.17's checkpointing layers) ~140: 16449.
+CORE_LINE_BUDGET = 16_450
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

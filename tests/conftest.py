@@ -9,6 +9,11 @@ import minicompile.backend as backend_module
 from minicompile.codegen import BACKENDS
 from minicompile.config import patch
 
+# backend="minicompile" resolves through the installed entry point; a checkout run without installing
+# (PYTHONPATH on a GPU machine) registers it here, or every torch.compile(backend=...) test fails
+if "minicompile" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(backend_module.minicompile_backend, name="minicompile")
+
 # Tests build into their own cache directory unless MINICOMPILE_CACHE_DIR names one.
 TEST_CACHE_DIR = os.environ.get("MINICOMPILE_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
                                                                         "minicompile-test-cache")

@@ -98,6 +98,23 @@ def test_full_reduction_to_a_scalar_and_bf16_rows():
           atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "looped"])
+def test_narrow_dtypes_load_widened_and_accumulate_in_float32(dtype, persistent):
+    # 2048 values near 1: a sum kept in bf16 (8 bits of mantissa) stalls at 256, in fp16 at 2048;
+    # eager accumulates in float32, and so must every kernel, persistent or looped
+    x = (torch.ones(3, 2048) + torch.rand(3, 2048) / 64).to(dtype)
+    with patch(triton_persistent_rnumel=4096 if persistent else 64):
+        c = check(lambda a: (a.sum(-1), a.float().mean(-1), (a * 2).amax(-1)), x, atol=1e-2, rtol=1e-3)
+    src = c.kernel_source
+    name = {torch.bfloat16: "tl.bfloat16", torch.float16: "tl.float16"}[dtype]
+    loads = [line for line in src.splitlines() if "tl.load(" in line]
+    assert loads and all(line.rstrip().endswith(".to(tl.float32)") for line in loads), loads
+    assert name in src  # stored narrow again
+    if not persistent:
+        assert "tl.full([XBLOCK, RBLOCK], 0.0, tl.float32)" in src
+
+
 def test_zero_dim_inputs_combine_with_blocks():
     # a 0-d input is loaded as a block: the interpreter could not `|` a 0-d bool with a block
     # (maximum(s, x)'s NaN test, fuzzer seed 900023); bool ops of a 0-d and a block too

@@ -108,8 +108,9 @@ def acc_dtype(node, wide_sums_above: int | None) -> torch.dtype:
 
 def graph_symbols(graph) -> dict:
     """Each size symbol of a LoopGraph -> where the wrapper reads it at call time: ``(position,
-    dim)``, dimension ``dim`` of input ``position``, or ``(position, None)``, an int input.
-    A symbol that is no input's whole size (only ``2*s0`` seen) raises NotSymbolic."""
+    dim)``, dimension ``dim`` of input ``position``, or ``(position, None)``, an int input; a
+    symbol the graph computes (graph.bound) -> ``(buffer name, dim or None)``, read once that
+    buffer's step has run. A symbol that is neither (only ``2*s0`` seen) raises NotSymbolic."""
     where = {}
     for pos, p in enumerate(graph.placeholders):
         if isinstance(p, Expr) and len(p.terms) == 1 and p.terms[0][1] == 1 and not p.const:
@@ -118,6 +119,8 @@ def graph_symbols(graph) -> dict:
             for dim, s in enumerate(p.layout.size):
                 if isinstance(s, Expr) and len(s.terms) == 1 and s.terms[0][1] == 1 and not s.const:
                     where.setdefault(s.terms[0][0].name, (pos, dim))
+    for sym, place in graph.bound.items():
+        where.setdefault(sym, place)
     used = set()
     for b in (*graph.inputs, *graph.buffers):
         if b.layout is not None:

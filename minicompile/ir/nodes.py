@@ -40,14 +40,14 @@ def is_static(sizes) -> bool:
     return not any(isinstance(s, Expr) for s in sizes)
 
 
-def sym_value(x):
+def sym_value(x, stride: bool = False):
     """A torch int or SymInt as the IR keeps it: an int, or an Expr over Sym atoms
     (``s77``, ``16*s77``, ``s27*s77``). A size the index algebra cannot represent (a
     FloorDiv of symbols, a Max) raises NotSymbolic."""
     if not isinstance(x, torch.SymInt):
         return int(x)
     as_int = x.node.maybe_as_int()
-    return as_int if as_int is not None else _from_sympy(x.node.expr)
+    return as_int if as_int is not None else _from_sympy(x.node.expr, stride)
 
 
 def shape_of(t: torch.Tensor) -> tuple:
@@ -55,10 +55,10 @@ def shape_of(t: torch.Tensor) -> tuple:
 
 
 def strides_of(t: torch.Tensor) -> tuple:
-    return tuple(sym_value(s) for s in t.stride())
+    return tuple(sym_value(s, stride=True) for s in t.stride())
 
 
-def _from_sympy(e):
+def _from_sympy(e, stride: bool = False):
     if e.is_Integer:
         return int(e)
     if e.is_Symbol:
@@ -71,6 +71,10 @@ def _from_sympy(e):
     if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
         small, big = sorted(parts, key=lambda p: isinstance(p, Expr))
         if isinstance(small, int) and Expr.of(big).range()[0] >= small:
+            return big
+        # a stride Max(1, u0) over a data-dependent size: it differs from u0 only where u0 is 0,
+        # and then the tensor has no element for the stride to place
+        if stride and small == 1 and Expr.of(big).range()[0] >= 0:
             return big
     if e.is_Add:
         return size_value(sum(parts[1:], Expr.of(parts[0])))
@@ -90,7 +94,7 @@ class Layout:
 
     @staticmethod
     def of(t: torch.Tensor) -> "Layout":
-        return Layout(tuple(sym_value(s) for s in t.shape), tuple(sym_value(s) for s in t.stride()),
+        return Layout(tuple(sym_value(s) for s in t.shape), strides_of(t),
                       sym_value(t.storage_offset()), t.dtype, t.device)
 
     def index(self, idx) -> Expr:
@@ -199,6 +203,17 @@ class MultiOutput(Buffer):
 
 
 # -- values -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScalarRef:
+    """A number the graph computes at run time that no size expression holds (a float or bool
+    read with .item(), a comparison for torch._check): the host wrapper keeps it in a variable
+    of this name, and ops that take it run as extern calls."""
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
 
 class TensorValue:
     """What a lowering takes and returns. Knows its dtype, device and sizes, and how to load."""

@@ -1,0 +1,153 @@
+"""Data-dependent sizes and numbers computed at run time, compiled once and compared with eager.
+
+With ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops`` Dynamo keeps
+``.item()``, ``nonzero`` and friends in the graph: their results are symbols (``u0``) that
+only the run knows. The wrapper computes each one where the graph does (``u0 =
+_local_scalar_dense(arg1)``, ``u1 = buf1.size(0)``) and hands it on as a value: to kernels as a
+size argument, to extern calls as an argument. Each program here is called with data that
+gives other sizes on every call, and one build must serve them all. (``.item()`` of a graph
+input would be read by Dynamo itself and guarded on; the programs read computed tensors.)
+"""
+import re
+
+import pytest
+import torch
+
+from minicompile.pipeline import CompiledGraph
+from tests.helpers import Recorder, assert_matches_eager
+
+
+@pytest.fixture(autouse=True)
+def capture_data_dependent():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        yield
+    torch._dynamo.reset()
+
+
+def run_calls(fn, calls) -> CompiledGraph:
+    """``fn`` compiled once (fullgraph) and called with each argument tuple, every result against
+    eager; returns the one compiled graph."""
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True)
+    for args in calls:
+        assert_matches_eager(compiled(*args), fn(*args))
+    assert len(record.graphs) == 1, "a new data-dependent size recompiled"
+    (graph,) = record.graphs
+    assert isinstance(graph, CompiledGraph), graph
+    return graph
+
+
+def signed(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# -- data-dependent sizes -------------------------------------------------------------------------
+
+def test_nonzero_then_index_and_sum():
+    def fn(x):
+        idx = torch.nonzero(x > 0)
+        return x[idx[:, 0], idx[:, 1]].sum() + idx.shape[0], idx * 2
+    graph = run_calls(fn, [(signed(k, 5, 6),) for k in range(3)])
+    assert ".size(0)  # a size computed from data" in graph.wrapper_source
+
+
+def test_nonzero_rows_feed_a_kernel():
+    def fn(x):
+        rows = torch.nonzero(x).float()
+        return rows.sum(0) * 2 + rows.shape[0], (rows + 1).relu()
+    graph = run_calls(fn, [(torch.randint(0, 3, (4, 7), generator=torch.Generator().manual_seed(k)),)
+                           for k in range(3)])
+    assert graph.num_kernels >= 1
+
+
+def test_masked_select():
+    run_calls(lambda x: torch.masked_select(x, x > 0.2) * 3, [(signed(k, 6, 5),) for k in range(3)])
+
+
+def test_boolean_mask_then_cat():
+    # the selected piece may be empty: cat of it runs as an extern call, never a kernel loading nothing
+    def fn(x):
+        picked = x[x > 0]
+        return torch.cat([picked, picked * 2, x.flatten()])
+    run_calls(fn, [(signed(k, 4, 5),) for k in range(3)] + [(-torch.ones(4, 5),)])
+
+
+def test_repeat_interleave_with_tensor_repeats():
+    fn = lambda x, r: torch.repeat_interleave(x, r, dim=0) + 1
+    run_calls(fn, [(signed(0, 4, 3), torch.tensor([1, 0, 3, 2])), (signed(1, 4, 3), torch.tensor([2, 2, 0, 1])),
+                   (signed(2, 4, 3), torch.tensor([0, 0, 0, 0]))])
+
+
+# -- .item() as a size -----------------------------------------------------------------------------
+
+def test_item_as_the_size_of_zeros():
+    def fn(x, n):
+        return torch.zeros((n * 1).item()) + x.sum()
+    graph = run_calls(fn, [(signed(0, 3, 4), torch.tensor(k)) for k in (4, 9, 0, 1)])
+    assert re.search(r"u\d+ = externs\[\d+\]\(", graph.wrapper_source)  # the size is read at run time
+
+
+def test_item_as_a_narrow_length():
+    def fn(x, n):
+        k = (n * 1).item()
+        torch._check(k >= 0)
+        torch._check(k <= x.shape[0])
+        return x.narrow(0, 0, k) * 2
+    run_calls(fn, [(signed(0, 6, 5), torch.tensor(k)) for k in (3, 6, 0, 1)])
+
+
+def test_item_as_the_end_of_arange():
+    run_calls(lambda x, n: torch.arange((n * 1).item()) * x.sum(), [(signed(0, 3), torch.tensor(k)) for k in (7, 2, 12)])
+
+
+def test_item_in_a_kernel_body():
+    # u0 is read only inside a kernel (not as a size): the kernel still takes it as an argument
+    def fn(x, n):
+        k = n.item()
+        torch._check(k > 0)
+        return x * k + 1
+    graph = run_calls(fn, [(signed(0, 5, 6), torch.tensor(k)) for k in (3, 8)])
+    assert graph.num_kernels == 1
+
+
+# -- torch._check and numbers that are not sizes -----------------------------------------------------
+
+def test_check_raises_when_it_fails_at_run_time():
+    def fn(x, n):
+        k = (n * 1).item()
+        torch._check(k > 0)
+        return x * k
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True)
+    assert_matches_eager(compiled(signed(0, 4), torch.tensor(2)), fn(signed(0, 4), torch.tensor(2)))
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(signed(0, 4), torch.tensor(-1))
+    assert len(record.graphs) == 1  # the wrapper's check raised, not a new trace
+
+
+def test_scatter_with_a_float_from_item():
+    def fn(x, idx, v):
+        return x.scatter(1, idx, v.item())
+    idx = torch.tensor([[0, 2], [1, 3], [0, 0], [4, 5], [1, 1]])
+    graph = run_calls(fn, [(signed(0, 5, 6), idx, torch.tensor(2.5)), (signed(1, 5, 6), idx, torch.tensor(-7.0))])
+    assert "None" not in graph.wrapper_source.split("def call(args)")[1].split("def call_profiled")[0]
+
+
+def test_float_from_item_in_arithmetic():
+    def fn(x, v):
+        s = v.item()
+        return (x * s).sin() + s
+    run_calls(fn, [(signed(0, 4, 4), torch.tensor(0.5)), (signed(1, 4, 4), torch.tensor(3.0))])
+
+
+def test_bool_from_a_comparison_of_items_is_returned():
+    def fn(x, a):
+        n = a.item()
+        return x + n, n * 2 + 1
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True)
+    for k in (3, 10):
+        out, ref = compiled(signed(k, 3), torch.tensor(k)), fn(signed(k, 3), torch.tensor(k))
+        assert_matches_eager(out[0], ref[0])
+        assert out[1] == ref[1]

@@ -59,7 +59,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     """One build for every size: the graph is traced with Dynamo's symbolic fake inputs, and
     sizes stay symbols through the loop IR, the kernels (size arguments) and the wrapper
     (docs/dynamic.md). What the symbolic path cannot compile yet (NotSymbolic, or any error it
-    meets) is compiled per shape instead: slower to warm up, never wrong."""
+    meets) is compiled per shape instead: slower to warm up, never wrong. An error other than
+    NotSymbolic is a compiler bug: with MINICOMPILE_FALLBACK=0 (tests) it is raised."""
     reason = _not_symbolic_reason(gm, example_inputs, knobs)
     if reason is None:
         try:
@@ -70,6 +71,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         except NotSymbolic as e:
             reason = str(e)
         except Exception as e:  # a gap of the symbolic path, not of the graph: say so loudly
+            if not config.fallback_on_error:
+                raise
             log.warning("minicompile: compiling with symbolic sizes failed (%s: %s); compiling per shape",
                         type(e).__name__, e)
             return PerShapeGraph(gm, knobs)

@@ -1,4 +1,5 @@
-"""Data-dependent sizes and numbers computed at run time, compiled once and compared with eager.
+"""Data-dependent sizes and numbers computed at run time, compiled once and compared with eager;
+the symbolic path's errors under MINICOMPILE_FALLBACK=0.
 
 With ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops`` Dynamo keeps
 ``.item()``, ``nonzero`` and friends in the graph: their results are symbols (``u0``) that
@@ -8,11 +9,20 @@ size argument, to extern calls as an argument. Each program here is called with 
 gives other sizes on every call, and one build must serve them all. (``.item()`` of a graph
 input would be read by Dynamo itself and guarded on; the programs read computed tensors.)
 """
+import logging
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import minicompile.backend as backend_module
+from minicompile.backend import PerShapeGraph
+from minicompile.codegen.common import graph_symbols
+from minicompile.config import patch
+from minicompile.ir.expr import Expr, Sym
+from minicompile.ir.graph import LoopGraph
+from minicompile.ir.nodes import InputBuffer, Layout
 from minicompile.pipeline import CompiledGraph
 from tests.helpers import Recorder, assert_matches_eager
 
@@ -151,3 +161,53 @@ def test_bool_from_a_comparison_of_items_is_returned():
         out, ref = compiled(signed(k, 3), torch.tensor(k)), fn(signed(k, 3), torch.tensor(k))
         assert_matches_eager(out[0], ref[0])
         assert out[1] == ref[1]
+
+
+# -- the symbolic path obeys MINICOMPILE_FALLBACK ---------------------------------------------------
+
+def _broken_for_symbols(compile_graph):
+    def compile_or_raise(gm, example_inputs):
+        if any(isinstance(s, torch.SymInt) for x in example_inputs if isinstance(x, torch.Tensor) for s in x.shape):
+            raise RuntimeError("a bug of the symbolic path")
+        return compile_graph(gm, example_inputs)
+    return compile_or_raise
+
+
+def test_symbolic_path_error_raises_with_fallback_off(monkeypatch):
+    monkeypatch.setattr(backend_module, "compile_graph", _broken_for_symbols(backend_module.compile_graph))
+    compiled = torch.compile(lambda x: x.sin() + 1, backend="minicompile", dynamic=True)
+    with pytest.raises(Exception, match="a bug of the symbolic path"):
+        compiled(signed(0, 5, 3))
+
+
+def test_symbolic_path_error_compiles_per_shape_with_fallback_on(monkeypatch, caplog):
+    monkeypatch.setattr(backend_module, "compile_graph", _broken_for_symbols(backend_module.compile_graph))
+    record = Recorder()
+    fn = lambda x: x.sin() + 1
+    compiled = torch.compile(fn, backend=record, dynamic=True)
+    with patch(fallback_on_error=True), caplog.at_level(logging.WARNING, logger="minicompile"):
+        for n in (5, 7):
+            assert_matches_eager(compiled(signed(n, n, 3)), fn(signed(n, n, 3)))
+    assert isinstance(record.graphs[0], PerShapeGraph)
+    assert "a bug of the symbolic path" in caplog.text and "per shape" in caplog.text
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_bilinear_upsampling_with_symbolic_sizes(align_corners):
+    # the source index is clamped to s0 - 1: a symbolic bound inside the loop body
+    fn = lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=align_corners)
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, dynamic=True)
+    for n in (3, 5, 8):
+        x = signed(n, 1, 2, n, n + 1)
+        assert_matches_eager(compiled(x), fn(x))
+    assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
+    assert "int64_t s" in record.graphs[0].kernel_source
+
+
+def test_an_input_sized_by_a_product_of_symbols_binds_no_symbol():
+    # (s0*s1,) is no symbol's size; s0 and s1 come from the int inputs
+    s0, s1 = Expr.of(Sym("s0")), Expr.of(Sym("s1"))
+    flat = InputBuffer("arg0", Layout((s0 * s1,), (1,), 0, torch.float32, torch.device("cpu")), position=0)
+    graph = LoopGraph((flat,), (flat, s0, s1), {}, (), (), (), {}, ())
+    assert graph_symbols(graph) == {"s0": (1, None), "s1": (2, None)}

@@ -11,6 +11,7 @@ import logging
 
 import torch
 
+from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import TrainingUnsupported, trace_joint
 from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
@@ -59,8 +60,7 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     """One build for every size: the graph is traced with Dynamo's symbolic fake inputs, and
     sizes stay symbols through the loop IR, the kernels (size arguments) and the wrapper
     (docs/dynamic.md). What the symbolic path cannot compile yet (NotSymbolic, or any error it
-    meets) is compiled per shape instead: slower to warm up, never wrong. An error other than
-    NotSymbolic is a compiler bug: with MINICOMPILE_FALLBACK=0 (tests) it is raised."""
+    meets) is compiled per shape instead: slower to warm up, never wrong."""
     reason = _not_symbolic_reason(gm, example_inputs, knobs)
     if reason is None:
         try:
@@ -117,7 +117,11 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, opt
 
     ``mode`` and ``options`` are torch.compile's: a mode is a set of knobs (config.MODES), options
     name knobs; both apply to this graph only. Unknown ones raise, listing the valid ones."""
-    knobs = graph_knobs(mode, options)
+    with kept_global_state():
+        return _compile_for_dynamo(gm, example_inputs, graph_knobs(mode, options))
+
+
+def _compile_for_dynamo(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     if needs_autograd(example_inputs):
         return with_call_time_knobs(compile_training(gm, example_inputs, knobs), knobs)
     if has_symbolic_shapes(gm, example_inputs):

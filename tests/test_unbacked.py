@@ -1,5 +1,6 @@
 """Data-dependent sizes and numbers computed at run time, compiled once and compared with eager;
-the symbolic path's errors under MINICOMPILE_FALLBACK=0.
+the symbolic path's errors under MINICOMPILE_FALLBACK=0; higher-order ops (flex_attention,
+cond, checkpoint), and compiling that leaves torch's global state as it was.
 
 With ``capture_scalar_outputs`` and ``capture_dynamic_output_shape_ops`` Dynamo keeps
 ``.item()``, ``nonzero`` and friends in the graph: their results are symbols (``u0``) that
@@ -15,8 +16,11 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 import minicompile.backend as backend_module
+import minicompile.pipeline as pipeline_module
 from minicompile.backend import PerShapeGraph
 from minicompile.codegen.common import graph_symbols
 from minicompile.config import patch
@@ -211,3 +215,65 @@ def test_an_input_sized_by_a_product_of_symbols_binds_no_symbol():
     flat = InputBuffer("arg0", Layout((s0 * s1,), (1,), 0, torch.float32, torch.device("cpu")), position=0)
     graph = LoopGraph((flat,), (flat, s0, s1), {}, (), (), (), {}, ())
     assert graph_symbols(graph) == {"s0": (1, None), "s1": (2, None)}
+
+
+# -- higher-order ops, and compiling leaves no global state behind ------------------------------------
+
+def _causal_score(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx >= kv_idx, score, -float("inf"))
+
+
+def _causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _qkv(seed):
+    return tuple(signed(seed + k, 1, 2, 128, 16) for k in range(3))
+
+
+def test_flex_attention_with_score_mod():
+    # the default block mask is built with a vmap that Dynamo's graph enters and leaves itself
+    run_calls(lambda q, k, v: flex_attention(q, k, v, score_mod=_causal_score), [_qkv(0), _qkv(3)])
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+
+
+def test_flex_attention_with_block_mask():
+    mask = create_block_mask(_causal_mask, 1, 1, 128, 128, device="cpu")
+    run_calls(lambda q, k, v: flex_attention(q, k, v, block_mask=mask), [_qkv(0), _qkv(3)])
+
+
+def test_cond_takes_either_branch():
+    fn = lambda x: torch.cond(x.sum() > 0, lambda t: t.sin() * 2, lambda t: t.cos() - 1, (x,))
+    run_calls(fn, [(signed(0, 4, 4).abs(),), (-signed(1, 4, 4).abs(),)])
+
+
+def test_checkpointed_block():
+    block = lambda x: torch.relu(x @ x.T).sum(0)
+    fn = lambda x: checkpoint(block, x, use_reentrant=False) + 1
+    run_calls(fn, [(signed(0, 6, 6),), (signed(1, 6, 6),)])
+
+
+def test_checkpointed_block_trains():
+    block = lambda x: torch.relu(x @ x.T).sum(0)
+    fn = lambda x: (checkpoint(block, x, use_reentrant=False) + 1).sum()
+    x, y = signed(0, 6, 6).requires_grad_(), signed(0, 6, 6).requires_grad_()
+    torch.compile(fn, backend="minicompile")(x).backward()
+    fn(y).backward()
+    assert_matches_eager(x.grad, y.grad)
+
+
+def test_a_failed_trace_leaves_no_functorch_layer(monkeypatch):
+    # a trace that dies inside a transform it entered: the graph then runs eagerly, and Dynamo's
+    # guard on the functorch stack (checked as the frame is compiled) still holds
+    trace = pipeline_module._trace
+
+    def dies_in_a_vmap(gm, example_inputs):
+        torch._C._functorch._vmap_increment_nesting(1, "error")
+        raise RuntimeError("a trace that failed half way")
+    monkeypatch.setattr(pipeline_module, "_trace", dies_in_a_vmap)
+    fn = lambda x: x.sin() + 1
+    with patch(fallback_on_error=True):
+        out = torch.compile(fn, backend="minicompile")(signed(0, 4))
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+    assert_matches_eager(out, fn(signed(0, 4)))
+    monkeypatch.setattr(pipeline_module, "_trace", trace)

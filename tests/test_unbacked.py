@@ -66,7 +66,7 @@ def test_nonzero_then_index_and_sum():
     assert ".size(0)  # a size computed from data" in graph.wrapper_source
 
 
-def test_nonzero_rows_feed_a_kernel():
+def test_nonzero_rows_feed_a_kernel(backend):
     def fn(x):
         rows = torch.nonzero(x).float()
         return rows.sum(0) * 2 + rows.shape[0], (rows + 1).relu()
@@ -93,16 +93,29 @@ def test_repeat_interleave_with_tensor_repeats():
                    (signed(2, 4, 3), torch.tensor([0, 0, 0, 0]))])
 
 
+def test_selected_rows_through_matmul_softmax_and_layer_norm():
+    # a data-dependent row count may be 0: the product is aten.mm (no library timing, no oneDNN),
+    # a softmax over a dim of data-dependent size stays eager's op
+    w = signed(9, 6, 8)
+
+    def fn(x):
+        rows = x[x.sum(1) > 0]
+        scores = rows @ rows.T
+        return rows @ w, F.softmax(rows, -1), F.layer_norm(rows, (6,)), torch.softmax(scores, -1) @ rows
+    with patch(cpu_gemm="auto", cpu_attention="auto"):
+        run_calls(fn, [(signed(k, 7, 6),) for k in range(3)] + [(-torch.ones(7, 6),)])
+
+
 # -- .item() as a size -----------------------------------------------------------------------------
 
-def test_item_as_the_size_of_zeros():
+def test_item_as_the_size_of_zeros(backend):
     def fn(x, n):
         return torch.zeros((n * 1).item()) + x.sum()
     graph = run_calls(fn, [(signed(0, 3, 4), torch.tensor(k)) for k in (4, 9, 0, 1)])
     assert re.search(r"u\d+ = externs\[\d+\]\(", graph.wrapper_source)  # the size is read at run time
 
 
-def test_item_as_a_narrow_length():
+def test_item_as_a_narrow_length(backend):
     def fn(x, n):
         k = (n * 1).item()
         torch._check(k >= 0)
@@ -115,7 +128,7 @@ def test_item_as_the_end_of_arange():
     run_calls(lambda x, n: torch.arange((n * 1).item()) * x.sum(), [(signed(0, 3), torch.tensor(k)) for k in (7, 2, 12)])
 
 
-def test_item_in_a_kernel_body():
+def test_item_in_a_kernel_body(backend):
     # u0 is read only inside a kernel (not as a size): the kernel still takes it as an argument
     def fn(x, n):
         k = n.item()
@@ -155,7 +168,14 @@ def test_float_from_item_in_arithmetic():
     run_calls(fn, [(signed(0, 4, 4), torch.tensor(0.5)), (signed(1, 4, 4), torch.tensor(3.0))])
 
 
-def test_bool_from_a_comparison_of_items_is_returned():
+def test_float_from_item_as_a_divisor_and_a_fill_value():
+    def fn(x):
+        s = x.abs().max().item()
+        return x / s, torch.full((3,), s)
+    run_calls(fn, [(signed(k, 5, 3),) for k in range(3)])
+
+
+def test_a_number_from_item_is_returned():
     def fn(x, a):
         n = a.item()
         return x + n, n * 2 + 1

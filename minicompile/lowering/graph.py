@@ -194,6 +194,8 @@ class GraphLowering:
             try:
                 value = sym_value(val)
             except NotSymbolic:
+                if not _data_dependent(val):
+                    raise  # of the inputs' sizes alone: a per-shape build knows it
                 value = None
             if value is not None and {s.name for s in symbols_of(value)} <= self._known_symbols():
                 return value
@@ -366,6 +368,11 @@ def _at_least(a, b) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a >= b
     return (Expr.of(a) - b).range()[0] >= 0
+
+
+def _data_dependent(val) -> bool:
+    """``val`` depends on a symbol only the run knows (torch names them u0, u1, ...)."""
+    return any(s.name.startswith("u") for s in val.node.expr.free_symbols)
 
 
 def _python_number(val):

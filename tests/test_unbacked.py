@@ -75,6 +75,18 @@ def test_nonzero_rows_feed_a_kernel(backend):
     assert graph.num_kernels >= 1
 
 
+def test_data_dependent_and_input_sizes_together():
+    # dynamic=True: the input's sizes are symbols too (s0, s1), the selected count another (u0)
+    def fn(x):
+        picked = x[x > 0]
+        return picked.exp().sum() / x.shape[0], torch.nonzero(x > 0.5) + x.shape[1]
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True, dynamic=True)
+    for n in (3, 5, 8):
+        assert_matches_eager(compiled(signed(n, n, n + 2)), fn(signed(n, n, n + 2)))
+    assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
+
+
 def test_masked_select():
     run_calls(lambda x: torch.masked_select(x, x > 0.2) * 3, [(signed(k, 6, 5),) for k in range(3)])
 
@@ -166,6 +178,14 @@ def test_float_from_item_in_arithmetic():
         s = v.item()
         return (x * s).sin() + s
     run_calls(fn, [(signed(0, 4, 4), torch.tensor(0.5)), (signed(1, 4, 4), torch.tensor(3.0))])
+
+
+def test_floor_division_of_a_possibly_negative_item():
+    # k // 2 floors in Python and truncates in C++: -3 // 2 is -2, not -1
+    def fn(x, n):
+        k = (n * 1).item()
+        return x * (k // 2) + k % 3
+    run_calls(fn, [(signed(0, 3), torch.tensor(k)) for k in (5, -3, -8, 7)])
 
 
 def test_float_from_item_as_a_divisor_and_a_fill_value():

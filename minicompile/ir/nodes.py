@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch.utils._sympy.value_ranges import bound_sympy
 
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, flat_index, make_vars, size_value
 
@@ -47,7 +48,7 @@ def sym_value(x, stride: bool = False):
     if not isinstance(x, torch.SymInt):
         return int(x)
     as_int = x.node.maybe_as_int()
-    return as_int if as_int is not None else _from_sympy(x.node.expr, stride)
+    return as_int if as_int is not None else _from_sympy(x.node.expr, stride, x.node.shape_env)
 
 
 def shape_of(t: torch.Tensor) -> tuple:
@@ -58,15 +59,16 @@ def strides_of(t: torch.Tensor) -> tuple:
     return tuple(sym_value(s, stride=True) for s in t.stride())
 
 
-def _from_sympy(e, stride: bool = False):
+def _from_sympy(e, stride: bool = False, shape_env=None):
     if e.is_Integer:
         return int(e)
     if e.is_Symbol:
         return Expr.of(Sym(e.name))
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
-        return prod([_from_sympy(e.base)] * int(e.exp))
-    parts = [_from_sympy(a) for a in e.args]
-    if type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0 and Expr.of(parts[0]).range()[0] >= 0:
+        return prod([_from_sympy(e.base, shape_env=shape_env)] * int(e.exp))
+    parts = [_from_sympy(a, shape_env=shape_env) for a in e.args]
+    if (type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0
+            and Expr.of(parts[0]).range()[0] >= 0 and _nonnegative(e.args[0], shape_env)):
         return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3
     if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
         small, big = sorted(parts, key=lambda p: isinstance(p, Expr))
@@ -81,6 +83,15 @@ def _from_sympy(e, stride: bool = False):
     if e.is_Mul:
         return prod(parts)
     raise NotSymbolic(f"the size {e} is not a polynomial in the symbols")
+
+
+def _nonnegative(e, shape_env) -> bool:
+    """``e`` >= 0 by the trace's value ranges. A data-dependent symbol (``u0``, a value
+    ``.item()`` read) is non-negative only where the trace knows it (a size, a torch._check);
+    a rendered division truncates, where Python's floors, so the two differ below 0."""
+    if not any(s.name.startswith("u") for s in e.free_symbols):
+        return True
+    return shape_env is not None and bound_sympy(e, shape_env.var_to_range).lower >= 0
 
 
 @dataclass(frozen=True)

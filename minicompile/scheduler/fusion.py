@@ -103,6 +103,16 @@ def buffer_reads(buf) -> frozenset:
     return frozenset(names)
 
 
+def computed_numbers(graph: LoopGraph) -> dict:
+    """Each symbol or number the graph computes at run time (graph.bound, and the ScalarRefs
+    externs read) -> the buffer whose step computes it."""
+    out = {s: where[0] for s, where in graph.bound.items()}
+    for b in graph.buffers:
+        if isinstance(b, ExternKernel):
+            out.update({a.name: a.name for a in pytree.tree_leaves((b.args, b.kwargs)) if isinstance(a, ScalarRef)})
+    return out
+
+
 def buffer_symbols(buf) -> set:
     """The names of the symbols and run-time numbers ``buf`` uses: in its layout, its loops and
     loop body, or an extern's arguments."""
@@ -165,12 +175,10 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
             deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
-    if graph.bound or any(isinstance(b, ExternKernel) and b.layout is None for b in buffers):
-        # a size or number the graph computes is known once its step has run
-        binder = {**{b.name: b.name for b in buffers if isinstance(b, ExternKernel) and b.layout is None},
-                  **{s: where[0] for s, where in graph.bound.items()}}
+    computed = computed_numbers(graph)  # a size or number the graph computes is known once its step ran
+    if computed:
         for b in buffers:
-            deps[b.name] |= {binder[s] for s in buffer_symbols(b) if s in binder} - {b.name}
+            deps[b.name] |= {computed[s] for s in buffer_symbols(b) if s in computed} - {b.name}
     random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
     for before, after in zip(random, random[1:]):
         deps[after].add(before)

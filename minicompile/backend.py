@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import TrainingUnsupported, trace_joint
@@ -54,6 +56,13 @@ def has_symbolic_shapes(gm: torch.fx.GraphModule, example_inputs) -> bool:
         if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
             return True
     return False
+
+
+def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    """A value of the graph has a size or number only the run knows (Dynamo's u0: nonzero, .item())."""
+    values = pytree.tree_leaves([n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes])
+    return any(free_unbacked_symbols(v) for v in values if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat,
+                                                                             torch.SymBool)))
 
 
 def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
@@ -136,6 +145,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     (aot/); a graph the training runtime cannot reproduce exactly runs eagerly, and the log says why."""
     if has_symbolic_shapes(gm, example_inputs):
         return _eager_training(gm, "dynamic shapes are not compiled for training yet")
+    if has_data_dependent_sizes(gm):
+        return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
             joint = trace_joint(gm, list(example_inputs))

@@ -118,6 +118,18 @@ def test_selected_rows_through_matmul_softmax_and_layer_norm():
         run_calls(fn, [(signed(k, 7, 6),) for k in range(3)] + [(-torch.ones(7, 6),)])
 
 
+def test_training_with_a_data_dependent_size_runs_eagerly_and_says_so(caplog):
+    def fn(x):
+        rows = x[x.sum(1) > 0]
+        return (rows.sin() * 2).sum()
+    x, y = signed(0, 6, 4).requires_grad_(), signed(0, 6, 4).requires_grad_()
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        torch.compile(fn, backend="minicompile")(x).backward()
+    fn(y).backward()
+    assert_matches_eager(x.grad, y.grad)
+    assert "data-dependent sizes" in caplog.text
+
+
 # -- .item() as a size -----------------------------------------------------------------------------
 
 def test_item_as_the_size_of_zeros(backend):

@@ -79,7 +79,12 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # parallel translation units (runtime/cpp_build.py) and each kernel's reads recorded once ~65;
 # unique graph argument names in capture ~10, values compared bit for bit kept out of backward's
 # recompute (aot/partition.py) ~12.
-CORE_LINE_BUDGET = 15_915
+# Issue 23: data-dependent sizes and numbers computed at run time (lowering/graph.py's scalar
+# nodes and size bindings, the wrapper's bindings, the scheduler's order after them, ranges of
+# unbacked symbols), the global state restored around compiling (aot/global_state.py),
+# flex_attention's vmap traced alone, and the symbolic path's errors raised under
+# MINICOMPILE_FALLBACK=0 added ~255: 16164 measured.
+CORE_LINE_BUDGET = 16_170
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -52,7 +52,7 @@ def run_calls(fn, calls) -> CompiledGraph:
     return graph
 
 
-def signed(seed, *shape):
+def seeded_randn(seed, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
@@ -62,7 +62,7 @@ def test_nonzero_then_index_and_sum():
     def fn(x):
         idx = torch.nonzero(x > 0)
         return x[idx[:, 0], idx[:, 1]].sum() + idx.shape[0], idx * 2
-    graph = run_calls(fn, [(signed(k, 5, 6),) for k in range(3)])
+    graph = run_calls(fn, [(seeded_randn(k, 5, 6),) for k in range(3)])
     assert ".size(0)  # a size computed from data" in graph.wrapper_source
 
 
@@ -83,12 +83,12 @@ def test_data_dependent_and_input_sizes_together():
     record = Recorder()
     compiled = torch.compile(fn, backend=record, fullgraph=True, dynamic=True)
     for n in (3, 5, 8):
-        assert_matches_eager(compiled(signed(n, n, n + 2)), fn(signed(n, n, n + 2)))
+        assert_matches_eager(compiled(seeded_randn(n, n, n + 2)), fn(seeded_randn(n, n, n + 2)))
     assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
 
 
 def test_masked_select():
-    run_calls(lambda x: torch.masked_select(x, x > 0.2) * 3, [(signed(k, 6, 5),) for k in range(3)])
+    run_calls(lambda x: torch.masked_select(x, x > 0.2) * 3, [(seeded_randn(k, 6, 5),) for k in range(3)])
 
 
 def test_boolean_mask_then_cat():
@@ -96,33 +96,33 @@ def test_boolean_mask_then_cat():
     def fn(x):
         picked = x[x > 0]
         return torch.cat([picked, picked * 2, x.flatten()])
-    run_calls(fn, [(signed(k, 4, 5),) for k in range(3)] + [(-torch.ones(4, 5),)])
+    run_calls(fn, [(seeded_randn(k, 4, 5),) for k in range(3)] + [(-torch.ones(4, 5),)])
 
 
 def test_repeat_interleave_with_tensor_repeats():
     fn = lambda x, r: torch.repeat_interleave(x, r, dim=0) + 1
-    run_calls(fn, [(signed(0, 4, 3), torch.tensor([1, 0, 3, 2])), (signed(1, 4, 3), torch.tensor([2, 2, 0, 1])),
-                   (signed(2, 4, 3), torch.tensor([0, 0, 0, 0]))])
+    run_calls(fn, [(seeded_randn(0, 4, 3), torch.tensor([1, 0, 3, 2])), (seeded_randn(1, 4, 3), torch.tensor([2, 2, 0, 1])),
+                   (seeded_randn(2, 4, 3), torch.tensor([0, 0, 0, 0]))])
 
 
 def test_selected_rows_through_matmul_softmax_and_layer_norm():
     # a data-dependent row count may be 0: the product is aten.mm (no library timing, no oneDNN),
     # a softmax over a dim of data-dependent size stays eager's op
-    w = signed(9, 6, 8)
+    w = seeded_randn(9, 6, 8)
 
     def fn(x):
         rows = x[x.sum(1) > 0]
         scores = rows @ rows.T
         return rows @ w, F.softmax(rows, -1), F.layer_norm(rows, (6,)), torch.softmax(scores, -1) @ rows
     with patch(cpu_gemm="auto", cpu_attention="auto"):
-        run_calls(fn, [(signed(k, 7, 6),) for k in range(3)] + [(-torch.ones(7, 6),)])
+        run_calls(fn, [(seeded_randn(k, 7, 6),) for k in range(3)] + [(-torch.ones(7, 6),)])
 
 
 def test_training_with_a_data_dependent_size_runs_eagerly_and_says_so(caplog):
     def fn(x):
         rows = x[x.sum(1) > 0]
         return (rows.sin() * 2).sum()
-    x, y = signed(0, 6, 4).requires_grad_(), signed(0, 6, 4).requires_grad_()
+    x, y = seeded_randn(0, 6, 4).requires_grad_(), seeded_randn(0, 6, 4).requires_grad_()
     with caplog.at_level(logging.WARNING, logger="minicompile"):
         torch.compile(fn, backend="minicompile")(x).backward()
     fn(y).backward()
@@ -135,7 +135,7 @@ def test_training_with_a_data_dependent_size_runs_eagerly_and_says_so(caplog):
 def test_item_as_the_size_of_zeros(backend):
     def fn(x, n):
         return torch.zeros((n * 1).item()) + x.sum()
-    graph = run_calls(fn, [(signed(0, 3, 4), torch.tensor(k)) for k in (4, 9, 0, 1)])
+    graph = run_calls(fn, [(seeded_randn(0, 3, 4), torch.tensor(k)) for k in (4, 9, 0, 1)])
     assert re.search(r"u\d+ = externs\[\d+\]\(", graph.wrapper_source)  # the size is read at run time
 
 
@@ -145,11 +145,11 @@ def test_item_as_a_narrow_length(backend):
         torch._check(k >= 0)
         torch._check(k <= x.shape[0])
         return x.narrow(0, 0, k) * 2
-    run_calls(fn, [(signed(0, 6, 5), torch.tensor(k)) for k in (3, 6, 0, 1)])
+    run_calls(fn, [(seeded_randn(0, 6, 5), torch.tensor(k)) for k in (3, 6, 0, 1)])
 
 
 def test_item_as_the_end_of_arange():
-    run_calls(lambda x, n: torch.arange((n * 1).item()) * x.sum(), [(signed(0, 3), torch.tensor(k)) for k in (7, 2, 12)])
+    run_calls(lambda x, n: torch.arange((n * 1).item()) * x.sum(), [(seeded_randn(0, 3), torch.tensor(k)) for k in (7, 2, 12)])
 
 
 def test_item_in_a_kernel_body(backend):
@@ -158,7 +158,7 @@ def test_item_in_a_kernel_body(backend):
         k = n.item()
         torch._check(k > 0)
         return x * k + 1
-    graph = run_calls(fn, [(signed(0, 5, 6), torch.tensor(k)) for k in (3, 8)])
+    graph = run_calls(fn, [(seeded_randn(0, 5, 6), torch.tensor(k)) for k in (3, 8)])
     assert graph.num_kernels == 1
 
 
@@ -171,9 +171,9 @@ def test_check_raises_when_it_fails_at_run_time():
         return x * k
     record = Recorder()
     compiled = torch.compile(fn, backend=record, fullgraph=True)
-    assert_matches_eager(compiled(signed(0, 4), torch.tensor(2)), fn(signed(0, 4), torch.tensor(2)))
+    assert_matches_eager(compiled(seeded_randn(0, 4), torch.tensor(2)), fn(seeded_randn(0, 4), torch.tensor(2)))
     with pytest.raises(RuntimeError, match="Runtime assertion failed"):
-        compiled(signed(0, 4), torch.tensor(-1))
+        compiled(seeded_randn(0, 4), torch.tensor(-1))
     assert len(record.graphs) == 1  # the wrapper's check raised, not a new trace
 
 
@@ -181,7 +181,7 @@ def test_scatter_with_a_float_from_item():
     def fn(x, idx, v):
         return x.scatter(1, idx, v.item())
     idx = torch.tensor([[0, 2], [1, 3], [0, 0], [4, 5], [1, 1]])
-    graph = run_calls(fn, [(signed(0, 5, 6), idx, torch.tensor(2.5)), (signed(1, 5, 6), idx, torch.tensor(-7.0))])
+    graph = run_calls(fn, [(seeded_randn(0, 5, 6), idx, torch.tensor(2.5)), (seeded_randn(1, 5, 6), idx, torch.tensor(-7.0))])
     assert "None" not in graph.wrapper_source.split("def call(args)")[1].split("def call_profiled")[0]
 
 
@@ -189,7 +189,7 @@ def test_float_from_item_in_arithmetic():
     def fn(x, v):
         s = v.item()
         return (x * s).sin() + s
-    run_calls(fn, [(signed(0, 4, 4), torch.tensor(0.5)), (signed(1, 4, 4), torch.tensor(3.0))])
+    run_calls(fn, [(seeded_randn(0, 4, 4), torch.tensor(0.5)), (seeded_randn(1, 4, 4), torch.tensor(3.0))])
 
 
 def test_floor_division_of_a_possibly_negative_item():
@@ -197,14 +197,14 @@ def test_floor_division_of_a_possibly_negative_item():
     def fn(x, n):
         k = (n * 1).item()
         return x * (k // 2) + k % 3
-    run_calls(fn, [(signed(0, 3), torch.tensor(k)) for k in (5, -3, -8, 7)])
+    run_calls(fn, [(seeded_randn(0, 3), torch.tensor(k)) for k in (5, -3, -8, 7)])
 
 
 def test_float_from_item_as_a_divisor_and_a_fill_value():
     def fn(x):
         s = x.abs().max().item()
         return x / s, torch.full((3,), s)
-    run_calls(fn, [(signed(k, 5, 3),) for k in range(3)])
+    run_calls(fn, [(seeded_randn(k, 5, 3),) for k in range(3)])
 
 
 def test_a_number_from_item_is_returned():
@@ -214,7 +214,7 @@ def test_a_number_from_item_is_returned():
     record = Recorder()
     compiled = torch.compile(fn, backend=record, fullgraph=True)
     for k in (3, 10):
-        out, ref = compiled(signed(k, 3), torch.tensor(k)), fn(signed(k, 3), torch.tensor(k))
+        out, ref = compiled(seeded_randn(k, 3), torch.tensor(k)), fn(seeded_randn(k, 3), torch.tensor(k))
         assert_matches_eager(out[0], ref[0])
         assert out[1] == ref[1]
 
@@ -233,7 +233,7 @@ def test_symbolic_path_error_raises_with_fallback_off(monkeypatch):
     monkeypatch.setattr(backend_module, "compile_graph", _broken_for_symbols(backend_module.compile_graph))
     compiled = torch.compile(lambda x: x.sin() + 1, backend="minicompile", dynamic=True)
     with pytest.raises(Exception, match="a bug of the symbolic path"):
-        compiled(signed(0, 5, 3))
+        compiled(seeded_randn(0, 5, 3))
 
 
 def test_symbolic_path_error_compiles_per_shape_with_fallback_on(monkeypatch, caplog):
@@ -243,7 +243,7 @@ def test_symbolic_path_error_compiles_per_shape_with_fallback_on(monkeypatch, ca
     compiled = torch.compile(fn, backend=record, dynamic=True)
     with patch(fallback_on_error=True), caplog.at_level(logging.WARNING, logger="minicompile"):
         for n in (5, 7):
-            assert_matches_eager(compiled(signed(n, n, 3)), fn(signed(n, n, 3)))
+            assert_matches_eager(compiled(seeded_randn(n, n, 3)), fn(seeded_randn(n, n, 3)))
     assert isinstance(record.graphs[0], PerShapeGraph)
     assert "a bug of the symbolic path" in caplog.text and "per shape" in caplog.text
 
@@ -255,7 +255,7 @@ def test_bilinear_upsampling_with_symbolic_sizes(align_corners):
     record = Recorder()
     compiled = torch.compile(fn, backend=record, dynamic=True)
     for n in (3, 5, 8):
-        x = signed(n, 1, 2, n, n + 1)
+        x = seeded_randn(n, 1, 2, n, n + 1)
         assert_matches_eager(compiled(x), fn(x))
     assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
     assert "int64_t s" in record.graphs[0].kernel_source
@@ -280,7 +280,7 @@ def _causal_mask(b, h, q_idx, kv_idx):
 
 
 def _qkv(seed):
-    return tuple(signed(seed + k, 1, 2, 128, 16) for k in range(3))
+    return tuple(seeded_randn(seed + k, 1, 2, 128, 16) for k in range(3))
 
 
 def test_flex_attention_with_score_mod():
@@ -296,19 +296,19 @@ def test_flex_attention_with_block_mask():
 
 def test_cond_takes_either_branch():
     fn = lambda x: torch.cond(x.sum() > 0, lambda t: t.sin() * 2, lambda t: t.cos() - 1, (x,))
-    run_calls(fn, [(signed(0, 4, 4).abs(),), (-signed(1, 4, 4).abs(),)])
+    run_calls(fn, [(seeded_randn(0, 4, 4).abs(),), (-seeded_randn(1, 4, 4).abs(),)])
 
 
 def test_checkpointed_block():
     block = lambda x: torch.relu(x @ x.T).sum(0)
     fn = lambda x: checkpoint(block, x, use_reentrant=False) + 1
-    run_calls(fn, [(signed(0, 6, 6),), (signed(1, 6, 6),)])
+    run_calls(fn, [(seeded_randn(0, 6, 6),), (seeded_randn(1, 6, 6),)])
 
 
 def test_checkpointed_block_trains():
     block = lambda x: torch.relu(x @ x.T).sum(0)
     fn = lambda x: (checkpoint(block, x, use_reentrant=False) + 1).sum()
-    x, y = signed(0, 6, 6).requires_grad_(), signed(0, 6, 6).requires_grad_()
+    x, y = seeded_randn(0, 6, 6).requires_grad_(), seeded_randn(0, 6, 6).requires_grad_()
     torch.compile(fn, backend="minicompile")(x).backward()
     fn(y).backward()
     assert_matches_eager(x.grad, y.grad)
@@ -317,15 +317,12 @@ def test_checkpointed_block_trains():
 def test_a_failed_trace_leaves_no_functorch_layer(monkeypatch):
     # a trace that dies inside a transform it entered: the graph then runs eagerly, and Dynamo's
     # guard on the functorch stack (checked as the frame is compiled) still holds
-    trace = pipeline_module._trace
-
     def dies_in_a_vmap(gm, example_inputs):
         torch._C._functorch._vmap_increment_nesting(1, "error")
         raise RuntimeError("a trace that failed half way")
     monkeypatch.setattr(pipeline_module, "_trace", dies_in_a_vmap)
     fn = lambda x: x.sin() + 1
     with patch(fallback_on_error=True):
-        out = torch.compile(fn, backend="minicompile")(signed(0, 4))
+        out = torch.compile(fn, backend="minicompile")(seeded_randn(0, 4))
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
-    assert_matches_eager(out, fn(signed(0, 4)))
-    monkeypatch.setattr(pipeline_module, "_trace", trace)
+    assert_matches_eager(out, fn(seeded_randn(0, 4)))

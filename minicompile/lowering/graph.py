@@ -190,12 +190,12 @@ class GraphLowering:
         val = node.meta["val"]
         if val.node.expr.is_number:
             return _python_number(val)
+        if isinstance(val, torch.SymInt) and not _data_dependent(val):
+            return sym_value(val)  # the inputs' sizes and arithmetic on them (NotSymbolic: per shape)
         if isinstance(val, torch.SymInt):
             try:
                 value = sym_value(val)
             except NotSymbolic:
-                if not _data_dependent(val):
-                    raise  # of the inputs' sizes alone: a per-shape build knows it
                 value = None
             if value is not None and {s.name for s in symbols_of(value)} <= self._known_symbols():
                 return value

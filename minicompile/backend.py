@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.utils import _pytree as pytree
 
+from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import TrainingUnsupported, trace_joint
 from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
@@ -55,6 +58,13 @@ def has_symbolic_shapes(gm: torch.fx.GraphModule, example_inputs) -> bool:
     return False
 
 
+def has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    """A value of the graph has a size or number only the run knows (Dynamo's u0: nonzero, .item())."""
+    values = pytree.tree_leaves([n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes])
+    return any(free_unbacked_symbols(v) for v in values if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat,
+                                                                             torch.SymBool)))
+
+
 def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     """One build for every size: the graph is traced with Dynamo's symbolic fake inputs, and
     sizes stay symbols through the loop IR, the kernels (size arguments) and the wrapper
@@ -70,6 +80,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         except NotSymbolic as e:
             reason = str(e)
         except Exception as e:  # a gap of the symbolic path, not of the graph: say so loudly
+            if not config.fallback_on_error:
+                raise
             log.warning("minicompile: compiling with symbolic sizes failed (%s: %s); compiling per shape",
                         type(e).__name__, e)
             return PerShapeGraph(gm, knobs)
@@ -114,7 +126,11 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, opt
 
     ``mode`` and ``options`` are torch.compile's: a mode is a set of knobs (config.MODES), options
     name knobs; both apply to this graph only. Unknown ones raise, listing the valid ones."""
-    knobs = graph_knobs(mode, options)
+    with kept_global_state():
+        return _compile_for_dynamo(gm, example_inputs, graph_knobs(mode, options))
+
+
+def _compile_for_dynamo(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     if needs_autograd(example_inputs):
         return with_call_time_knobs(compile_training(gm, example_inputs, knobs), knobs)
     if has_symbolic_shapes(gm, example_inputs):
@@ -129,6 +145,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     (aot/); a graph the training runtime cannot reproduce exactly runs eagerly, and the log says why."""
     if has_symbolic_shapes(gm, example_inputs):
         return _eager_training(gm, "dynamic shapes are not compiled for training yet")
+    if has_data_dependent_sizes(gm):
+        return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
             joint = trace_joint(gm, list(example_inputs))

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.passes import COMPILE_PASSES, trace_inference
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
@@ -109,6 +110,11 @@ class Code:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
+    with kept_global_state():  # a failed trace leaves no functorch layer or mode behind
+        return _compile_graph(gm, example_inputs)
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
     t = StageTimer()
     out_spec = _output_spec(gm)
     aten = t("trace", _trace, gm, list(example_inputs))            # aot/ + decomp/ (ATEN_PASSES)

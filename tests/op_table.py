@@ -146,7 +146,7 @@ SAMPLES = [
     Sample("pad_negative", lambda a: F.pad(a, (-2, 1)), x(*S)),
     Sample("squeeze", lambda a: a.unsqueeze(0).squeeze(0) + a.view(a.shape[0], 1, a.shape[1]).squeeze(1), x(*S)),
     Sample("repeat", lambda a: a.repeat(2, 1, 3) * 2, x(1, 8, 5)),
-    Sample("repeat_expand_rank", lambda a, b: a[:, :1].repeat(3, 1, 4) + b, xy(S, (3, 8, 4))),
+    Sample("repeat_expand_rank", lambda a, b: a[:, :1].repeat(3, 1, 4) + b, xy(S, (3, 8, 4)), fixed=(3, 4)),
     Sample("roll", lambda a: torch.roll(a, (3, -5), (0, 1)).exp(), x(*S)),
     Sample("roll_flat", lambda a: torch.roll(a.relu(), 7) + 1, x(*S)),
     # a reshape of a permute: loops split where the indices divide them (Swin's patch merging)

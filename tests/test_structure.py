@@ -89,7 +89,12 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # CUDA-graph captures, the GPU's bf16 conversion ~55: 16307. minicompile.compile takes
 # torch.compile's arguments (compile_options.py: fullgraph, mode, options, backend by name) and
 # inlines a module's own __call__ (transformers 5.17's checkpointing layers) ~140: 16449.
-CORE_LINE_BUDGET = 16_450
+# Issue 23: data-dependent sizes and numbers computed at run time (lowering/graph.py's scalar
+# nodes and size bindings, the wrapper's bindings, the scheduler's order after them, ranges of
+# unbacked symbols), the global state restored around compiling (aot/global_state.py),
+# flex_attention's vmap traced alone, and the symbolic path's errors raised under
+# MINICOMPILE_FALLBACK=0 added ~255: 16164 measured alone, 16705 with the work above.
+CORE_LINE_BUDGET = 16_710
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

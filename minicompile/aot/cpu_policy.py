@@ -59,6 +59,8 @@ def _onednn_can_run(mat1, mat2) -> bool:
     if not (mat1.device.type == "cpu" and mat1.dtype == mat2.dtype == torch.float32
             and mat1.dim() == mat2.dim() == 2 and _onednn_available()):
         return False
+    if not _hinted(mat1, mat2):  # a data-dependent size, which may be 0: aten.mm takes any
+        return False
     for t in (mat1, mat2):
         strides = t.stride()
         if not all(isinstance(s, int) for s in strides):
@@ -66,6 +68,12 @@ def _onednn_can_run(mat1, mat2) -> bool:
         if any(s == 0 and _hint(n) > 1 for s, n in zip(strides, t.shape)) or any(_hint(n) == 0 for n in t.shape):
             return False
     return True
+
+
+def _hinted(*tensors) -> bool:
+    """Every size has a value in the traced example: none is data-dependent (nonzero's row count
+    has no hint)."""
+    return all(isinstance(n, int) or n.node.has_hint() for t in tensors if t is not None for n in t.shape)
 
 
 def _hint(size) -> int:
@@ -199,6 +207,8 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
                          "use 'auto', 'math' or 'flash'")
     if mode != "auto":
         return mode == "flash"
+    if not _hinted(query, key, value, attn_mask):  # a data-dependent size: nothing to time, eager's kernel
+        return True
     return _measured_attention(query, key, value, attn_mask, is_causal, scale) == "flash"
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch.fx.experimental.symbolic_shapes import free_symbols, guard_or_false
 from torch.utils import _pytree as pytree
 
 from minicompile.ir.nodes import contiguous_strides
@@ -141,7 +141,7 @@ def _is_elementwise(node: torch.fx.Node, val) -> bool:
         isinstance(target, torch._ops.OpOverload)
         and torch.Tag.pointwise in target.tags
         and isinstance(val, torch.Tensor)
-        and val.numel() > 0
+        and guard_or_false(val.numel() > 0)  # a data-dependent size may be 0: eager's strides then are the meta's
         and not any(r.alias_info is not None for r in target._schema.returns)
         # clone/_to_copy follow their memory_format argument, not TensorIterator
         and not any(a.name == "memory_format" for a in target._schema.arguments)

@@ -72,12 +72,28 @@ def functionalize(gm, ctx: PassContext):
     ctx.fake_inputs = [_to_fake(ctx.fake_mode, x) for x in ctx.inputs]
     ctx.symbolic = any(_is_symbolic(x) for x in ctx.fake_inputs)
 
-    def run_graph(*args):
-        # node by node, so each ATen node inherits its source node's stack trace
-        return (SymbolicInterpreter if ctx.symbolic else torch.fx.Interpreter)(gm).run(*args)
-
     with _tracing(ctx):
+        if _runs_functorch_transforms(gm):
+            gm = _without_functorch_transforms(gm, ctx)
+
+        def run_graph(*args):
+            # node by node, so each ATen node inherits its source node's stack trace
+            return (SymbolicInterpreter if ctx.symbolic else torch.fx.Interpreter)(gm).run(*args)
         return _make_fx(torch.func.functionalize(run_graph, remove="mutations"), ctx)
+
+
+def _runs_functorch_transforms(gm) -> bool:
+    """Dynamo's graph enters and leaves a functorch transform itself (``_vmap_increment_nesting``
+    ... ``_vmap_decrement_nesting``: the vmap that flex_attention's default block mask is built with)."""
+    return any(n.op == "call_function" and getattr(n.target, "__module__", "") == "torch._functorch.predispatch"
+               for n in gm.graph.nodes)
+
+
+def _without_functorch_transforms(gm, ctx: PassContext) -> torch.fx.GraphModule:
+    """``gm`` traced once to ATen with no transform of ours around it: a vmap layer that the graph
+    pushes above torch.func.functionalize's layer fails functorch's checks, and traced here alone
+    the vmap becomes the batched ATen ops it stands for."""
+    return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="symbolic" if ctx.symbolic else "fake")(*ctx.fake_inputs)
 
 
 # Torch functions whose C++ composite reads sizes as plain ints (at::linear flattens a 3-d input

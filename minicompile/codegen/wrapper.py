@@ -30,7 +30,7 @@ import torch
 from minicompile.codegen.common import comment_text, graph_symbols
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, StorageView,
+from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
                                   contiguous_strides)
 from minicompile.runtime import host_pool
 from minicompile.runtime.prepared import CachedPreparation
@@ -62,6 +62,8 @@ class WrapperCode:
     def value(self, a) -> str:
         if isinstance(a, StorageView):
             return self.view(a)
+        if isinstance(a, ScalarRef):
+            return a.name
         if isinstance(a, Expr):
             return PythonRenderer().render(a)
         if isinstance(a, (list, tuple)):
@@ -90,10 +92,11 @@ class WrapperCode:
 
     def generate(self) -> str:
         graph = self.graph
-        int_inputs = {pos: sym for sym, (pos, dim) in self.symbols.items() if dim is None}
+        from_inputs = {sym: w for sym, w in self.symbols.items() if isinstance(w[0], int)}
+        int_inputs = {pos: sym for sym, (pos, dim) in from_inputs.items() if dim is None}
         names = [p.name if isinstance(p, InputBuffer) else int_inputs.get(k, "_")
                  for k, p in enumerate(graph.placeholders)]
-        sizes = [f"{sym} = {names[pos]}.size({dim})" for sym, (pos, dim) in self.symbols.items() if dim is not None]
+        sizes = [f"{sym} = {names[pos]}.size({dim})" for sym, (pos, dim) in from_inputs.items() if dim is not None]
         last_use = self._last_uses()
         outputs = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
         pool: dict = {}
@@ -121,10 +124,12 @@ class WrapperCode:
                                  + comment_text(f"{out_op} into {b.name}: {b.reason}"))
                     else:
                         L.append(f"{b.name} = {self._ref(b.op)}({args})  # {comment_text(f'{b.op}: {b.reason}')}")
+                        L += self._bind_sizes(b)
                         if b.layout is not None:
                             L.append(self._conform(b))
                 elif isinstance(b, MultiOutput):
                     L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
+                    L += self._bind_sizes(b)
                     L.append(self._conform(b))
             for name in sorted(n for n, last in last_use.items() if last == step_no):
                 buf = self._buffer(name)
@@ -177,6 +182,11 @@ class WrapperCode:
             lines.append(f"{', '.join(names[k:])}, = {self._ref(self.prepared)}(args)  "
                          "# computed from parameters, kept while they are unchanged")
         return lines
+
+    def _bind_sizes(self, b) -> list:
+        """The symbols ``b``'s size defines (nonzero's row count), read from its result."""
+        return [f"{sym} = {b.name}.size({dim})  # a size computed from data"
+                for sym, (name, dim) in self.graph.bound.items() if name == b.name and dim is not None]
 
     def _conform(self, b) -> str:
         lay = b.layout

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from minicompile.decomp.precision import fill_where, to_dtype, upcast
 from minicompile.decomp.registry import register_decomposition
@@ -99,12 +100,20 @@ def leaky_relu(x, negative_slope=0.01):
 def softmax(x, dim, half_to_float):
     # Eager computes low-precision softmax in float32; half_to_float keeps that result.
     xf = upcast(x)
-    if x.numel() == 0:  # amax over an empty dim raises; eager returns the empty tensor
+    if guard_or_false(x.numel() == 0):  # amax over an empty dim raises; eager returns the empty tensor
         return _like_eager(xf if half_to_float else x)
+    if _may_be_empty(x, dim):
+        return NotImplemented
     shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
     e = aten.exp.default(shifted)
     out = aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True))
     return _like_eager(out if half_to_float else to_dtype(out, x.dtype))
+
+
+def _may_be_empty(x, dim) -> bool:
+    """The reduced dim has a data-dependent size that may be 0 (the rows nonzero() found): the
+    amax would raise there, so the op stays eager's (NotImplemented keeps it undecomposed)."""
+    return x.dim() > 0 and not statically_known_true(x.shape[dim] != 0)
 
 
 def _like_eager(out):
@@ -115,8 +124,10 @@ def _like_eager(out):
 @register_decomposition(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
     xf = upcast(x)
-    if x.numel() == 0:
+    if guard_or_false(x.numel() == 0):
         return _like_eager(xf if half_to_float else x)
+    if _may_be_empty(x, dim):
+        return NotImplemented
     shifted = aten.sub.Tensor(xf, aten.amax.default(xf, [dim], True))
     lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))
     out = aten.sub.Tensor(shifted, lse)

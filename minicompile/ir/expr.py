@@ -56,7 +56,11 @@ class Sym(Atom):
     name: str
 
     def range(self):
-        return (2, SYM_MAX)
+        # Dynamo never makes sizes 0 and 1 symbols; a data-dependent ("unbacked") symbol, the
+        # size nonzero() returns or a value .item() reads (torch's names start with "u"), may be
+        # either. A value .item() read may also be negative: it is only divided where the trace's
+        # value ranges prove it is not (nodes._nonnegative)
+        return (0, SYM_MAX) if self.name.startswith("u") else (2, SYM_MAX)
 
     def render(self, r: "Renderer") -> str:
         return self.name

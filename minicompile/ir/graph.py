@@ -17,7 +17,7 @@ user's source line, and its loop body:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -47,10 +47,14 @@ class LoopGraph:
     outputs: tuple                    # StorageView | python value, per flattened output
     sources: Mapping                  # FX node name -> "file.py:LINE: code" of the user's source
     externs: tuple                    # ExternRecord per node run eagerly
+    # A symbol the graph computes (a data-dependent size: nonzero's row count, a value .item()
+    # read) -> (the buffer that yields it, the dim of its size or None for the scalar itself)
+    bound: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "constants", MappingProxyType(dict(self.constants)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "bound", MappingProxyType(dict(self.bound)))
 
     @property
     def by_name(self) -> dict:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch.utils._sympy.value_ranges import bound_sympy
 
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, flat_index, make_vars, size_value
 
@@ -40,14 +41,14 @@ def is_static(sizes) -> bool:
     return not any(isinstance(s, Expr) for s in sizes)
 
 
-def sym_value(x):
+def sym_value(x, stride: bool = False):
     """A torch int or SymInt as the IR keeps it: an int, or an Expr over Sym atoms
     (``s77``, ``16*s77``, ``s27*s77``). A size the index algebra cannot represent (a
     FloorDiv of symbols, a Max) raises NotSymbolic."""
     if not isinstance(x, torch.SymInt):
         return int(x)
     as_int = x.node.maybe_as_int()
-    return as_int if as_int is not None else _from_sympy(x.node.expr)
+    return as_int if as_int is not None else _from_sympy(x.node.expr, stride, x.node.shape_env)
 
 
 def shape_of(t: torch.Tensor) -> tuple:
@@ -55,28 +56,42 @@ def shape_of(t: torch.Tensor) -> tuple:
 
 
 def strides_of(t: torch.Tensor) -> tuple:
-    return tuple(sym_value(s) for s in t.stride())
+    return tuple(sym_value(s, stride=True) for s in t.stride())
 
 
-def _from_sympy(e):
+def _from_sympy(e, stride: bool = False, shape_env=None):
     if e.is_Integer:
         return int(e)
     if e.is_Symbol:
         return Expr.of(Sym(e.name))
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
-        return prod([_from_sympy(e.base)] * int(e.exp))
-    parts = [_from_sympy(a) for a in e.args]
-    if type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0 and Expr.of(parts[0]).range()[0] >= 0:
+        return prod([_from_sympy(e.base, shape_env=shape_env)] * int(e.exp))
+    parts = [_from_sympy(a, shape_env=shape_env) for a in e.args]
+    if (type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0
+            and Expr.of(parts[0]).range()[0] >= 0 and _nonnegative(e.args[0], shape_env)):
         return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3
     if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
         small, big = sorted(parts, key=lambda p: isinstance(p, Expr))
         if isinstance(small, int) and Expr.of(big).range()[0] >= small:
+            return big
+        # a stride Max(1, u0) over a data-dependent size: it differs from u0 only where u0 is 0,
+        # and then the tensor has no element for the stride to place
+        if stride and small == 1 and Expr.of(big).range()[0] >= 0:
             return big
     if e.is_Add:
         return size_value(sum(parts[1:], Expr.of(parts[0])))
     if e.is_Mul:
         return prod(parts)
     raise NotSymbolic(f"the size {e} is not a polynomial in the symbols")
+
+
+def _nonnegative(e, shape_env) -> bool:
+    """``e`` >= 0 by the trace's value ranges. A data-dependent symbol (``u0``, a value
+    ``.item()`` read) is non-negative only where the trace knows it (a size, a torch._check);
+    a rendered division truncates, where Python's floors, so the two differ below 0."""
+    if not any(s.name.startswith("u") for s in e.free_symbols):
+        return True
+    return shape_env is not None and bound_sympy(e, shape_env.var_to_range).lower >= 0
 
 
 @dataclass(frozen=True)
@@ -90,7 +105,7 @@ class Layout:
 
     @staticmethod
     def of(t: torch.Tensor) -> "Layout":
-        return Layout(tuple(sym_value(s) for s in t.shape), tuple(sym_value(s) for s in t.stride()),
+        return Layout(tuple(sym_value(s) for s in t.shape), strides_of(t),
                       sym_value(t.storage_offset()), t.dtype, t.device)
 
     def index(self, idx) -> Expr:
@@ -199,6 +214,17 @@ class MultiOutput(Buffer):
 
 
 # -- values -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScalarRef:
+    """A number the graph computes at run time that no size expression holds (a float or bool
+    read with .item(), a comparison for torch._check): the host wrapper keeps it in a variable
+    of this name, and ops that take it run as extern calls."""
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
 
 class TensorValue:
     """What a lowering takes and returns. Knows its dtype, device and sizes, and how to load."""

@@ -174,6 +174,7 @@ class RecordOps:
     reads: list = field(default_factory=list)
     op_count: int = 0
     ops_used: set = field(default_factory=set)
+    exprs: list = field(default_factory=list)   # the index expressions the body computes with
 
     def load(self, name, index, dtype):
         self.reads.append(Read(name, index))
@@ -183,6 +184,7 @@ class RecordOps:
         return None
 
     def index_expr(self, expr, dtype):
+        self.exprs.append(expr)
         return None
 
     def to_dtype(self, x, dtype):

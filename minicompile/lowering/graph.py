@@ -22,10 +22,10 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
 from minicompile.config import config
-from minicompile.ir.expr import Expr
+from minicompile.ir.expr import Expr, NotSymbolic, Sym, symbols_of
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
-                                  MultiOutput, Pointwise, ReindexView, StorageView, TensorValue,
+                                  MultiOutput, Pointwise, ReindexView, ScalarRef, StorageView, TensorValue,
                                   contiguous_strides, in_memory_order, iteration_vars, memory_order, prod, shape_of,
                                   strides_of, sym_value)
 from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
@@ -58,6 +58,7 @@ class GraphLowering:
     sources: dict = field(default_factory=dict)        # FX node name -> user source line
     compute_expensive_once: bool = False                # realize transcendental values read twice
     env: dict = field(default_factory=dict)
+    bound: dict = field(default_factory=dict)          # symbol the graph computes -> (buffer, dim or None)
     _counter: int = 0
 
     # -- naming and buffers -------------------------------------------------------------
@@ -112,7 +113,7 @@ class GraphLowering:
             elif node.op == "output":
                 self._output(node)
         return LoopGraph(tuple(self.inputs), tuple(self.placeholders), self.constants, tuple(self.constant_buffers),
-                         tuple(self.buffers), tuple(self.outputs), self.sources, tuple(self.externs))
+                         tuple(self.buffers), tuple(self.outputs), self.sources, tuple(self.externs), self.bound)
 
     def _placeholder(self, node):
         val = node.meta.get("val")
@@ -142,8 +143,10 @@ class GraphLowering:
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
         if node.target is operator.getitem:
             return args[0][args[1]]
-        if isinstance(node.meta.get("val"), torch.SymInt):  # sym_size and arithmetic on sizes
-            return sym_value(node.meta["val"])
+        if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.scalar(node, args, kwargs)
+        if any(isinstance(a, ScalarRef) for a in pytree.tree_leaves((args, kwargs))):
+            return self.extern(node, args, kwargs, "takes a number computed at run time")
         reason = _unsupported_dtype(node)
         if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
             return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
@@ -178,7 +181,50 @@ class GraphLowering:
             return self.realize_as_node(value, node)
         return value
 
-    def extern(self, node, args, kwargs, reason: str):
+    def scalar(self, node, args, kwargs):
+        """A node whose value is a number (SymInt, SymFloat, SymBool). A size expression over the
+        symbols known so far (inputs' sizes, sizes the graph computed) stays an expression. Any
+        other number is computed by the wrapper at run time, with the node's own op, into a
+        variable named after the symbol it defines (``u0 = _local_scalar_dense(buf1)``, for
+        ``.item()``) or ``scalarN``; kernels get a symbol as a size argument."""
+        val = node.meta["val"]
+        if val.node.expr.is_number:
+            return _python_number(val)
+        if isinstance(val, torch.SymInt) and not _data_dependent(val):
+            return sym_value(val)  # the inputs' sizes and arithmetic on them (NotSymbolic: per shape)
+        if isinstance(val, torch.SymInt):
+            try:
+                value = sym_value(val)
+            except NotSymbolic:
+                value = None
+            if value is not None and {s.name for s in symbols_of(value)} <= self._known_symbols():
+                return value
+            expr = val.node.expr
+            if expr.is_Symbol and expr.name not in self._known_symbols():
+                self.bound[expr.name] = (expr.name, None)
+                self.extern(node, args, kwargs, "a size computed from data at run time", name=expr.name)
+                return Expr.of(Sym(expr.name))
+        name = self.new_name("scalar")
+        self.extern(node, args, kwargs, "a number computed at run time", name=name)
+        return ScalarRef(name)
+
+    def _known_symbols(self) -> set:
+        """Symbols the wrapper can read at this point: the inputs' sizes and those bound so far."""
+        known = set(self.bound)
+        for p in self.placeholders:
+            for e in (p.layout.size + p.layout.stride if isinstance(p, InputBuffer) else (p,)):
+                known |= {s.name for s in symbols_of(e)}
+        return known
+
+    def _bind_sizes(self, buf: Buffer) -> None:
+        """An extern's result whose size is a new symbol (nonzero's row count) binds that symbol."""
+        for dim, s in enumerate(buf.layout.size):
+            if isinstance(s, Expr) and len(s.terms) == 1 and s.terms[0][1] == 1 and not s.const:
+                sym = s.terms[0][0]
+                if isinstance(sym, Sym) and sym.name not in self._known_symbols():
+                    self.bound[sym.name] = (buf.name, dim)
+
+    def extern(self, node, args, kwargs, reason: str, name: str | None = None):
         """Run ``node`` as an eager ATen call; tensor arguments get memory first."""
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
@@ -195,10 +241,11 @@ class GraphLowering:
         kwargs = torch.fx.node.map_aggregate(kwargs, prep)
         self.externs.append(ExternRecord(node.name, _op_name(node.target), reason))
         meta = node.meta.get("val")
-        ext = ExternKernel(self.new_name(), _layout_or_none(meta), [node.name], op=node.target,
+        ext = ExternKernel(name or self.new_name(), _layout_or_none(meta), [node.name], op=node.target,
                            args=args, kwargs=kwargs, reason=reason)
         self.register(ext)
         if isinstance(meta, torch.Tensor):
+            self._bind_sizes(ext)
             return StorageView.whole(ext)
         if isinstance(meta, (list, tuple)):
             outs = []
@@ -207,6 +254,7 @@ class GraphLowering:
                     child = MultiOutput(self.new_name(), _at_data_ptr(Layout.of(m)), [node.name], parent=ext, path=(k,))
                     ext.outputs.append(child)
                     self.register(child)
+                    self._bind_sizes(child)
                     outs.append(StorageView.whole(child))
                 else:
                     outs.append(m)
@@ -320,6 +368,17 @@ def _at_least(a, b) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a >= b
     return (Expr.of(a) - b).range()[0] >= 0
+
+
+def _data_dependent(val) -> bool:
+    """``val`` depends on a symbol only the run knows (torch names them u0, u1, ...)."""
+    return any(s.name.startswith("u") for s in val.node.expr.free_symbols)
+
+
+def _python_number(val):
+    """A SymInt/SymFloat/SymBool whose value the trace knows exactly, as a Python number."""
+    kind = int if isinstance(val, torch.SymInt) else float if isinstance(val, torch.SymFloat) else bool
+    return kind(val.node.expr)
 
 
 def _numel(size):

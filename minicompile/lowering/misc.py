@@ -98,12 +98,14 @@ def arange(lw, node, *args, **kwargs):
 
 
 def _nonempty(size) -> bool:
-    """size > 0 for every value of its symbols; a size that is 0 for some raises NotSymbolic."""
+    """size > 0 for every value of its symbols. A size that is 0 for some (a data-dependent
+    size: nonzero's row count) is Unsupported: the pieces are selected by position, and an
+    empty piece has no element to load, so the op runs as an extern call."""
     if isinstance(size, int):
         return size > 0
     if size.range()[0] > 0:
         return True
-    raise NotSymbolic(f"the size {size} is 0 for some sizes")
+    raise Unsupported(f"a piece of size {size}, which may be 0 at run time")
 
 
 def _static(value) -> int:

@@ -163,7 +163,8 @@ def _clamp(lw, node, x, lo=None, hi=None):
     def operand(ops, v, ld, index):
         if ld is not None:
             return ops.to_dtype(ld(ops, index), cdtype)
-        return ops.constant(v, cdtype)
+        # a symbolic bound (bilinear upsampling clamps a source index to s0 - 1) is read in the body
+        return ops.index_expr(v, cdtype) if isinstance(v, Expr) else ops.constant(v, cdtype)
 
     def body(ops, index):
         out = operand(ops, x, loads[0], index)

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 import torch
+from torch.utils import _pytree as pytree
 
 from minicompile.config import config
+from minicompile.ir.expr import Expr, symbols_of
 from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, MultiOutput, Reduction, StorageView, is_static,
-                                  iteration_vars, prod)
+from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, MultiOutput, Reduction, ScalarRef, StorageView,
+                                  is_static, iteration_vars, prod)
 from minicompile.ir.ops import RecordOps
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, split_loops
@@ -101,6 +103,42 @@ def buffer_reads(buf) -> frozenset:
     return frozenset(names)
 
 
+def computed_numbers(graph: LoopGraph) -> dict:
+    """Each symbol or number the graph computes at run time (graph.bound, and the ScalarRefs
+    externs read) -> the buffer whose step computes it."""
+    out = {s: where[0] for s, where in graph.bound.items()}
+    for b in graph.buffers:
+        if isinstance(b, ExternKernel):
+            out.update({a.name: a.name for a in pytree.tree_leaves((b.args, b.kwargs)) if isinstance(a, ScalarRef)})
+    return out
+
+
+def buffer_symbols(buf) -> set:
+    """The names of the symbols and run-time numbers ``buf`` uses: in its layout, its loops and
+    loop body, or an extern's arguments."""
+    exprs, names = [], set()
+    if buf.layout is not None:
+        exprs += [*buf.layout.size, *buf.layout.stride, buf.layout.offset]
+    if isinstance(buf, ComputedBuffer):
+        rec = RecordOps()
+        idx = iteration_vars(buf.data.ranges)
+        if isinstance(buf.data, Reduction):
+            exprs += list(buf.data.reduction_ranges)
+            buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
+        else:
+            buf.data.body(rec, idx)
+        exprs += [*buf.data.ranges, *(r.index for r in rec.reads), *rec.exprs]
+    elif isinstance(buf, ExternKernel):
+        for leaf in pytree.tree_leaves((buf.args, buf.kwargs)):
+            if isinstance(leaf, StorageView):
+                exprs += [*leaf.size, *leaf.stride, leaf.offset]
+            elif isinstance(leaf, Expr):
+                exprs.append(leaf)
+            elif isinstance(leaf, ScalarRef):
+                names.add(leaf.name)
+    return names | {s.name for e in exprs for s in symbols_of(e)}
+
+
 class _Group:
     """Buffers bound for one kernel (or extern call); what the fusion search asks is kept current."""
 
@@ -137,6 +175,10 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
             deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
+    computed = computed_numbers(graph)  # a size or number the graph computes is known once its step ran
+    if computed:
+        for b in buffers:
+            deps[b.name] |= {computed[s] for s in buffer_symbols(b) if s in computed} - {b.name}
     random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
     for before, after in zip(random, random[1:]):
         deps[after].add(before)

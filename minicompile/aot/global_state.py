@@ -1,0 +1,36 @@
+"""Compiling leaves torch's global state as it found it.
+
+Dynamo guards its graphs on the functorch transform stack, grad mode, the dispatch mode
+stack, the default dtype and autocast, and checks those guards right after the backend
+returns ("Guard failed on the same frame it was created ... compare_functorch_state"). A trace that fails half way (make_fx under
+torch.func.functionalize, with a transform the graph itself entered) can leave a functorch
+layer pushed; with the eager fallback that would turn a recorded fallback into an error, or
+change what the user's next eager op does. ``kept_global_state`` restores them all.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def kept_global_state():
+    functorch_depth = torch._C._functorch.get_dynamic_layer_stack_depth()
+    grad = torch.is_grad_enabled()
+    forward_grad = torch._C._is_fwd_grad_enabled()
+    dispatch_modes = torch._C._len_torch_dispatch_stack()
+    default_dtype = torch.get_default_dtype()
+    autocast = {d: torch.is_autocast_enabled(d) for d in ("cpu", "cuda")}
+    try:
+        yield
+    finally:
+        if torch._C._functorch.get_dynamic_layer_stack_depth() > functorch_depth:
+            torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(functorch_depth)
+        while torch._C._len_torch_dispatch_stack() > dispatch_modes:
+            torch._C._pop_torch_dispatch_stack()
+        torch.set_grad_enabled(grad)
+        torch._C._set_fwd_grad_enabled(forward_grad)
+        torch.set_default_dtype(default_dtype)
+        for device, enabled in autocast.items():
+            torch.set_autocast_enabled(device, enabled)

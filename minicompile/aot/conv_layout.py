@@ -14,7 +14,8 @@ What the user sees is unchanged: every output of the ATen graph whose strides di
 the ones Dynamo recorded for eager (``meta["example_value"]``) is cloned back into eager's
 layout (contiguous or channels-last). If an output's eager strides are neither, or the
 channels-last trace fails (a ``view`` that only NCHW allows), the graph is traced again
-without the conversion. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
+without the conversion; a graph in which an op reads the storage layout of a value computed
+from a convolution (``as_strided``: aot/layout_readers.py) is traced without it at once. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
 is then a matrix product of the (N*H*W, C) pixels with the (C_out, C) weight: it runs as
 oneDNN's linear or MKL's mm, by the GEMM choice (``pointwise_convs_as_linear``), twice as fast
 as the convolution at batch 2
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minicompile.aot.layout_readers import relaid_storage_reader
 from minicompile.aot.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
@@ -238,6 +240,8 @@ def functionalize_channels_last(functionalize, gm, ctx):
     expected = eager_output_strides(gm) if config.conv_channels_last else None
     if expected is None:
         return functionalize(gm, ctx)
+    if relaid_storage_reader(gm) is not None:  # as_strided of a convolution's result: eager's layouts
+        return _with_claims(Claims(convert_inputs=False), functionalize, gm, ctx)
     claims = Claims(convert_inputs=True)
     try:
         traced = _with_claims(claims, functionalize, gm, ctx)

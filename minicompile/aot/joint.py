@@ -99,7 +99,7 @@ def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_
     """The joint graph with CPU convolutions channels-last (aot/conv_layout_train.py); as the user
     wrote it if that layout fails (a view only NCHW allows, an output layout a clone cannot restore)."""
     shape = (gm, len(ctx.fake_inputs) - len(diff_outputs), eager_outputs, grad_inputs, diff_outputs)
-    mode = layout_mode()
+    mode = layout_mode(gm)
     try:
         return _trace(_joint_function(*shape, mode), ctx)
     except Exception:

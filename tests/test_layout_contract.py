@@ -3,6 +3,8 @@
 An op that reads storage (``as_strided``, ``as_strided_scatter``) on a value computed from a
 convolution sees eager's layout for it, though the channels-last passes would change it
 (aot/layout_readers.py); every output has eager's strides."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -101,3 +103,73 @@ def test_storage_readers_found_only_downstream_of_a_convolution():
     for model_cls in MODELS:
         reader = relaid_storage_reader(torch.fx.symbolic_trace(model_cls()))
         assert reader is not None and "as_strided" in str(reader.target), model_cls
+
+
+class ConvTokens(nn.Module):
+    """conv (channels-last in training) -> tokens by permute + reshape -> linear, as CoaT's
+    stages: backward views the saved convolution output through the permute, which only its
+    traced layout allows."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.lin = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        tokens = y.permute(0, 2, 3, 1).reshape(x.shape[0], -1, 16)
+        return (self.lin(tokens) * tokens[..., :8]).mean(1)
+
+
+def _train_steps(model, x, steps: int = 2) -> list:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x).square().sum()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses + [p.detach().clone() for p in model.parameters()]
+
+
+def _other_layouts(gm, inputs) -> bool:
+    traced = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    return any(isinstance(x, torch.Tensor) and x.stride() != t.stride() for x, t in zip(inputs, traced))
+
+
+@pytest.mark.parametrize("saved_layout,backward_fails,compiles", [
+    ("as compiled", "always", 2),            # forward, backward (fails): eager backward
+    ("another layout", "always", 3),         # forward, backward, backward for the traced layouts
+    ("another layout", "for other layouts", 3),   # ... which compiles: CoaT's view of a saved value
+])
+def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backward_fails, compiles, monkeypatch,
+                                                           fresh_dynamo):
+    """The backward's compile fails (forced), and the training steps still match eager's. The
+    compiled forward may hand backward saved values in a layout of its own (simulated: every 4-d
+    output made NCHW-contiguous), which the graph's views (permute, then view) do not allow: the
+    backward is then compiled, or run eagerly, for the traced layouts."""
+    import minicompile.backend as backend_module
+    from minicompile.config import patch
+
+    compile_graph, calls = backend_module.compile_graph, []
+
+    def forward_then_failing_backward(gm, example_inputs):
+        calls.append(gm)
+        if len(calls) > 1 and (backward_fails == "always" or _other_layouts(gm, example_inputs)):
+            raise RuntimeError("backward compile forced to fail")
+        compiled = compile_graph(gm, example_inputs)
+        if saved_layout == "as compiled" or len(calls) > 1:
+            return compiled
+        return lambda *args: [o.contiguous() if isinstance(o, torch.Tensor) and o.dim() == 4 else o
+                              for o in compiled(*args)]
+
+    monkeypatch.setattr(backend_module, "compile_graph", forward_then_failing_backward)
+    torch.manual_seed(0)
+    model, x = ConvTokens(), torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(model)
+    with patch(fallback_on_error=True):
+        got = _train_steps(torch.compile(model, backend="minicompile"), x)
+    want = _train_steps(eager, x)
+    assert len(calls) == compiles
+    for g, w in zip(got, want):
+        assert_matches_eager(g, w, **TOL)

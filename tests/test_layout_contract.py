@@ -1,8 +1,9 @@
 """Layouts are a contract (DESIGN.md): what observes a buffer's layout sees eager's.
 
-An op that reads storage (``as_strided``, ``as_strided_scatter``) on a value computed from a
-convolution sees eager's layout for it, though the channels-last passes would change it
-(aot/layout_readers.py); every output has eager's strides."""
+An op that reads storage (``as_strided``, ``as_strided_scatter``) or draws random numbers in
+memory order (dropout) sees eager's layout for its input, though the channels-last passes would
+change it (aot/layout_readers.py); every output has eager's strides; a backward that fails to
+compile never runs on the compiled forward's own layouts (aot/runtime.py)."""
 import copy
 
 import pytest
@@ -10,7 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minicompile.aot.layout_readers import relaid_storage_reader
 from tests.helpers import assert_matches_eager
 
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -90,19 +90,39 @@ def test_storage_reads_after_a_convolution_see_eager_layout_training(model_cls, 
         assert g.stride() == r.stride()
 
 
-def test_storage_readers_found_only_downstream_of_a_convolution():
-    class InputWindows(nn.Module):   # as_strided of the graph's input, before the convolution
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(16, 16, 1)
+class InputWindows(nn.Module):
+    """as_strided of the graph's input, before the convolution: eager's layout, whatever the pass does."""
 
-        def forward(self, x):
-            return self.conv(torch.as_strided(x, (2, 16, 8, 8), (16 * 256, 256, 32, 2)))
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 1)
 
-    assert relaid_storage_reader(torch.fx.symbolic_trace(InputWindows())) is None
-    for model_cls in MODELS:
-        reader = relaid_storage_reader(torch.fx.symbolic_trace(model_cls()))
-        assert reader is not None and "as_strided" in str(reader.target), model_cls
+    def forward(self, x):
+        return self.conv(torch.as_strided(x, (2, 16, 8, 8), (16 * 256, 256, 32, 2)))
+
+
+class PooledDropout(nn.Module):
+    """Dropout of a pooled vector: its layout is the same whether the convolution ran NCHW or NHWC."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return F.dropout(self.conv(x).mean((2, 3)), 0.5, True)
+
+
+@pytest.mark.parametrize("model_cls,traced", [(PaddedWindows, 2), (StridedConvMethod, 2), (InputWindows, 1),
+                                              (PooledDropout, 1)], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_channels_last_stays_where_no_reader_sees_a_changed_layout(model_cls, traced, monkeypatch, fresh_dynamo):
+    """The training trace runs under the channels-last mode once when it may, and again without it
+    when an op would read a layout the mode changed."""
+    import minicompile.aot.joint as joint
+    traces, trace = [], joint._trace
+    monkeypatch.setattr(joint, "_trace", lambda fn, ctx: traces.append(fn) or trace(fn, ctx))
+    torch.manual_seed(0)
+    torch.compile(model_cls(), backend="minicompile")(torch.randn(2, 16, 16, 16)).sum().backward()
+    assert len(traces) == traced
 
 
 class ConvTokens(nn.Module):
@@ -173,3 +193,60 @@ def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backwar
     assert len(calls) == compiles
     for g, w in zip(got, want):
         assert_matches_eager(g, w, **TOL)
+
+
+class ConvDropout(nn.Module):
+    """Dropout of a convolution's output: NCHW in eager, channels-last in the training trace."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return F.dropout(self.conv(x), 0.5, True)
+
+
+# Dropout's input as each function makes it: dense but not contiguous (eager draws it in memory
+# order), not dense (contiguous draws), contiguous.
+DROPOUTS = {
+    "transposed": lambda x: F.dropout(x.t() * 2, 0.5, True),
+    "permuted": lambda x: F.dropout(x.view(2, 3, 4).permute(2, 0, 1) + 1, 0.3, True),
+    "module": lambda x: nn.Dropout(0.25)(x.view(3, 2, 4).transpose(0, 2) * 3),
+    "strided": lambda x: F.dropout(x[:, ::2], 0.5, True),
+    "empty_like": lambda x: torch.empty_like(x.t() * 2).bernoulli_(0.5) * x.t(),
+    "rand_like": lambda x: torch.rand_like(x.t() * 2) + x.t(),
+    "uniform_": lambda x: torch.empty_like(x.t() * 2).uniform_() * x.t(),
+    "bernoulli_tensor": lambda x: torch.empty_like(x.t() * 2).bernoulli_(torch.sigmoid(x.t())) * x.t(),
+    "alpha_dropout": lambda x: F.alpha_dropout(x.t() * 2, 0.5, True),
+    "contiguous": lambda x: F.dropout(x * 2, 0.5, True),
+}
+
+
+def _same_seed(fn, *args):
+    torch.manual_seed(7)
+    return fn(*args)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", list(DROPOUTS))
+def test_random_draws_equal_eager_for_non_contiguous_inputs(name, training, fresh_dynamo):
+    fn = DROPOUTS[name]
+    x = torch.randn(6, 4, requires_grad=training)
+    ref, out = _same_seed(fn, x), _same_seed(torch.compile(fn, backend="minicompile"), x)
+    assert torch.equal(out != 0, ref != 0) and torch.equal(out, ref)
+    assert out.stride() == ref.stride()
+    if training:
+        (ref_grad,) = torch.autograd.grad(ref.sum(), x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.equal(grad, ref_grad)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_dropout_of_a_convolution_draws_eager_mask(training, fresh_dynamo):
+    torch.manual_seed(0)
+    model, x = ConvDropout(), torch.randn(2, 3, 8, 8)
+    with torch.set_grad_enabled(training):
+        ref, out = _same_seed(model, x), _same_seed(torch.compile(model, backend="minicompile"), x)
+    assert torch.equal(out != 0, ref != 0)
+    assert_matches_eager(out, ref, **TOL)
+    assert out.stride() == ref.stride()

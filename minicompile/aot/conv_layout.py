@@ -14,11 +14,11 @@ What the user sees is unchanged: every output of the ATen graph whose strides di
 the ones Dynamo recorded for eager (``meta["example_value"]``) is cloned back into eager's
 layout (contiguous or channels-last). If an output's eager strides are neither, or the
 channels-last trace fails (a ``view`` that only NCHW allows), the graph is traced again
-without the conversion; a graph in which an op reads the storage layout of a value computed
-from a convolution (``as_strided``: aot/layout_readers.py) is traced without it at once. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
-is then a matrix product of the (N*H*W, C) pixels with the (C_out, C) weight: it runs as
-oneDNN's linear or MKL's mm, by the GEMM choice (``pointwise_convs_as_linear``), twice as fast
-as the convolution at batch 2
+without the conversion; so is a graph in which an op that reads a layout (``as_strided``,
+dropout's draws) would read one the conversion changed (aot/layout_readers.py). A 1x1
+convolution (stride 1, no padding, one group) of an NHWC input is then a matrix product of
+the (N*H*W, C) pixels with the (C_out, C) weight: it runs as oneDNN's linear or MKL's mm, by
+the GEMM choice (``pointwise_convs_as_linear``), twice as fast as the convolution at batch 2
 on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16.
 Training graphs never see it: the claim only acts inside ``functionalize_channels_last``, and
 the training backend compiles both halves with it off (aot/conv_layout_train.py chooses their
@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.aot.layout_readers import relaid_storage_reader
 from minicompile.aot.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
@@ -240,8 +239,6 @@ def functionalize_channels_last(functionalize, gm, ctx):
     expected = eager_output_strides(gm) if config.conv_channels_last else None
     if expected is None:
         return functionalize(gm, ctx)
-    if relaid_storage_reader(gm) is not None:  # as_strided of a convolution's result: eager's layouts
-        return _with_claims(Claims(convert_inputs=False), functionalize, gm, ctx)
     claims = Claims(convert_inputs=True)
     try:
         traced = _with_claims(claims, functionalize, gm, ctx)
@@ -255,6 +252,12 @@ def functionalize_channels_last(functionalize, gm, ctx):
     if traced is not None and (not claims.convs or restore_outputs(traced, expected)):
         return traced
     return _with_claims(Claims(convert_inputs=False), functionalize, gm, ctx)
+
+
+def relayout_active() -> bool:
+    """Inside the channels-last trace, once a convolution was converted: layouts may differ from eager's."""
+    claims = _ACTIVE.get()
+    return claims is not None and claims.convert_inputs and bool(claims.convs)
 
 
 def _with_claims(claims: Claims, functionalize, gm, ctx):

@@ -17,15 +17,15 @@ fake forward's) is cloned into eager's layout, and a gradient that came out in t
 the two layouts is cloned into its input's (so a weight's gradient is stored as the weight is,
 and the optimizer and eager agree). If an output's eager layout is neither, or a view only NCHW
 allows fails, the joint is traced as the user wrote it (``trace_joint`` retries without the
-mode); so is a graph in which an op reads the storage layout of a value computed from a
-convolution (``as_strided``: aot/layout_readers.py), at once. ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns this off with the inference pass.
+mode); so is a graph in which an op that reads a layout (``as_strided``, dropout's draws) would
+read one the mode changed (aot/joint.py runs the forward through layout_readers.py's check).
+``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns this off with the inference pass.
 """
 from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from minicompile.aot.layout_readers import relaid_storage_reader
 from minicompile.config import config
 
 LAYOUTS = (torch.contiguous_format, torch.channels_last)
@@ -58,12 +58,8 @@ def _claims(x, w) -> bool:
             and all(t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last) for t in (x, w)))
 
 
-def layout_mode(gm: torch.fx.GraphModule) -> ChannelsLastConvolutions | None:
-    """The mode for the captured graph ``gm``; None where it is off, or where an op of ``gm`` reads
-    the storage layout of a value computed from a convolution (``as_strided``: layout_readers.py)."""
-    if not config.conv_channels_last or relaid_storage_reader(gm) is not None:
-        return None
-    return ChannelsLastConvolutions()
+def layout_mode() -> ChannelsLastConvolutions | None:
+    return ChannelsLastConvolutions() if config.conv_channels_last else None
 
 
 def strides_of(t: torch.Tensor, layout) -> tuple | None:

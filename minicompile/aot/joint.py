@@ -45,6 +45,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
+from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 
 aten = torch.ops.aten
 
@@ -99,7 +100,7 @@ def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_
     """The joint graph with CPU convolutions channels-last (aot/conv_layout_train.py); as the user
     wrote it if that layout fails (a view only NCHW allows, an output layout a clone cannot restore)."""
     shape = (gm, len(ctx.fake_inputs) - len(diff_outputs), eager_outputs, grad_inputs, diff_outputs)
-    mode = layout_mode(gm)
+    mode = layout_mode()
     try:
         return _trace(_joint_function(*shape, mode), ctx)
     except Exception:
@@ -123,7 +124,8 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
     def joint(*args):
         primals = args[:num_primals]
         with mode if mode is not None else contextlib.nullcontext():
-            outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+            check = (lambda: mode.claimed > 0) if mode is not None else (lambda: False)
+            outputs = pytree.tree_leaves(LayoutCheckingInterpreter(gm, check).run(*primals))
         tangents = list(args[num_primals:])
         if mode is not None and mode.claimed:
             tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])

@@ -124,8 +124,8 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
     def joint(*args):
         primals = args[:num_primals]
         with mode if mode is not None else contextlib.nullcontext():
-            check = (lambda: mode.claimed > 0) if mode is not None else (lambda: False)
-            outputs = pytree.tree_leaves(LayoutCheckingInterpreter(gm, check).run(*primals))
+            changed_layouts = lambda: mode is not None and mode.claimed > 0  # noqa: E731
+            outputs = pytree.tree_leaves(LayoutCheckingInterpreter(gm, changed_layouts).run(*primals))
         tangents = list(args[num_primals:])
         if mode is not None and mode.claimed:
             tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])

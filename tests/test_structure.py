@@ -79,7 +79,7 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # parallel translation units (runtime/cpp_build.py) and each kernel's reads recorded once ~65;
 # unique graph argument names in capture ~10, values compared bit for bit kept out of backward's
 # recompute (aot/partition.py) ~12.
-CORE_LINE_BUDGET = 16_190
+CORE_LINE_BUDGET = 16_195
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -49,18 +49,22 @@ class LayoutCheckingInterpreter(torch.fx.Interpreter):
 
 
 def check_layouts(node: torch.fx.Node, arg_nodes: list, values: list) -> None:
-    """Raise LayoutChanged if a tensor in ``values`` has strides other than its node's eager value
-    (a value without one counts as changed)."""
+    """Raise LayoutChanged if a tensor in ``values`` is laid out otherwise than its node's eager value."""
     for arg, value in zip(arg_nodes, values):
         if not isinstance(value, torch.Tensor):
             continue
         eager = arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else None
-        strides = tuple(value.stride())
-        if not all(isinstance(s, int) for s in strides):
+        if not all(isinstance(s, int) for s in (*value.shape, *value.stride())):
             continue  # symbolic sizes: the layout passes decline them
-        if not isinstance(eager, torch.Tensor) or tuple(eager.stride()) != strides:
-            raise LayoutChanged(f"{node.format_node()} reads {arg} with strides {strides}, where eager's are "
-                                f"{tuple(eager.stride()) if isinstance(eager, torch.Tensor) else 'unknown'}")
+        known = isinstance(eager, torch.Tensor)  # unknown: taken to differ
+        if not known or _layout(eager) != _layout(value):
+            raise LayoutChanged(f"{node.format_node()} reads {arg} with strides {tuple(value.stride())}, "
+                                f"where eager's are {tuple(eager.stride()) if known else 'unknown'}")
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Where each element lies: the offset, and strides of dims longer than 1 (a size-1 one's moves nothing)."""
+    return t.storage_offset(), tuple(s if n != 1 else None for n, s in zip(t.shape, t.stride()))
 
 
 def _op_name(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:

@@ -109,7 +109,7 @@ def _bernoulli_(self, p=0.5, *, generator=None):
 PREDECOMPOSE = {torch.nn.functional.dropout: _dropout, torch.dropout: lambda x, p, train: _dropout(x, p, train),
                 torch.nn.functional.alpha_dropout: _alpha_dropout,
                 torch.alpha_dropout: lambda x, p, train: _alpha_dropout(x, p, train),
-                torch.Tensor.bernoulli_: _bernoulli_}
+                torch.Tensor.bernoulli_: _bernoulli_, aten.bernoulli_.float: _bernoulli_}
 
 
 class TracingInterpreter(LayoutCheckingInterpreter):

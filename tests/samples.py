@@ -80,6 +80,9 @@ def samples(dtype: torch.dtype) -> list[Sample]:
         # dropout (eval)
         sample("dropout_eval", aten.dropout.default, (T(3, 4), 0.5, False)),
         sample("native_dropout_eval", aten.native_dropout.default, (T(3, 4), 0.5, False)),
+        sample("alpha_dropout_eval", aten.alpha_dropout.default, (T(3, 4), 0.5, False)),
+        # bernoulli_ of a transposed tensor draws in memory order; p=1 makes the draws certain
+        sample("bernoulli__transposed_p1", aten.bernoulli_.float, (T(3, 4, noncontig=True), 1.0)),
         # reductions
         sample("mean_all", aten.mean.default, (T(3, 1, 4, noncontig=True),)),
         sample("std_correction", aten.std.correction, (T(3, 5), [1]), dict(correction=1, keepdim=True)),

@@ -14,10 +14,11 @@ What the user sees is unchanged: every output of the ATen graph whose strides di
 the ones Dynamo recorded for eager (``meta["example_value"]``) is cloned back into eager's
 layout (contiguous or channels-last). If an output's eager strides are neither, or the
 channels-last trace fails (a ``view`` that only NCHW allows), the graph is traced again
-without the conversion. A 1x1 convolution (stride 1, no padding, one group) of an NHWC input
-is then a matrix product of the (N*H*W, C) pixels with the (C_out, C) weight: it runs as
-oneDNN's linear or MKL's mm, by the GEMM choice (``pointwise_convs_as_linear``), twice as fast
-as the convolution at batch 2
+without the conversion; so is a graph in which an op that reads a layout (``as_strided``,
+dropout's draws) would read one the conversion changed (aot/layout_readers.py). A 1x1
+convolution (stride 1, no padding, one group) of an NHWC input is then a matrix product of
+the (N*H*W, C) pixels with the (C_out, C) weight: it runs as oneDNN's linear or MKL's mm, by
+the GEMM choice (``pointwise_convs_as_linear``), twice as fast as the convolution at batch 2
 on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16.
 Training graphs never see it: the claim only acts inside ``functionalize_channels_last``, and
 the training backend compiles both halves with it off (aot/conv_layout_train.py chooses their
@@ -255,6 +256,12 @@ def functionalize_channels_last(functionalize, gm, ctx):
     if traced is not None and (not claims.convs or restore_outputs(traced, expected)):
         return traced
     return _with_claims(Claims(convert_inputs=False), functionalize, gm, ctx)
+
+
+def relayout_active() -> bool:
+    """Inside the channels-last trace, once a convolution was converted: layouts may differ from eager's."""
+    claims = _ACTIVE.get()
+    return claims is not None and claims.convert_inputs and bool(claims.convs)
 
 
 def _with_claims(claims: Claims, functionalize, gm, ctx):

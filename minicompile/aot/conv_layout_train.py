@@ -17,7 +17,9 @@ fake forward's) is cloned into eager's layout, and a gradient that came out in t
 the two layouts is cloned into its input's (so a weight's gradient is stored as the weight is,
 and the optimizer and eager agree). If an output's eager layout is neither, or a view only NCHW
 allows fails, the joint is traced as the user wrote it (``trace_joint`` retries without the
-mode). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns this off with the inference pass.
+mode); so is a graph in which an op that reads a layout (``as_strided``, dropout's draws) would
+read one the mode changed (aot/joint.py runs the forward through layout_readers.py's check).
+``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns this off with the inference pass.
 """
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
+from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 
 aten = torch.ops.aten
 
@@ -123,7 +124,8 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
     def joint(*args):
         primals = args[:num_primals]
         with mode if mode is not None else contextlib.nullcontext():
-            outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
+            changed_layouts = lambda: mode is not None and mode.claimed > 0  # noqa: E731
+            outputs = pytree.tree_leaves(LayoutCheckingInterpreter(gm, changed_layouts).run(*primals))
         tangents = list(args[num_primals:])
         if mode is not None and mode.claimed:
             tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])

@@ -7,7 +7,8 @@
 ``compile_fn(gm, example_inputs)`` is the pipeline's compiler (the caller passes it, so aot/
 never imports the pipeline). The forward is compiled at once; the backward on the first
 backward call, with the saved tensors the forward really produced (their strides included);
-if that compile fails, the ATen backward graph runs eagerly (config.fallback_on_error).
+if that compile fails, it is compiled for the layouts it was traced with, and if that fails too
+its ATen graph runs eagerly (config.fallback_on_error), on inputs copied into those layouts.
 Gradient outputs that are None reach backward as zeros (autograd materializes them); tangents
 are made contiguous, as the backward graph was traced with. A backward that must itself be
 differentiated (``create_graph=True``) raises: the saved values carry no autograd history, so
@@ -67,16 +68,27 @@ class TrainingGraph:
         return tuple(self.backward(*inputs))
 
     def _compile_backward(self, inputs: list):
-        """The forward has run, so a failed compile cannot fall back to the eager graph: the ATen
-        backward graph itself runs eagerly instead (it computes the same gradients, op by op)."""
+        """Compiled for the saved values as the forward really produced them; if that fails and
+        their layouts differ from the traced ones, compiled for the traced layouts (the compiled
+        forward may hand backward a view of a buffer it laid out, which the graph's own views,
+        ``view`` after a ``permute``, do not allow). The forward has run, so a failed compile
+        cannot fall back to the eager graph: the ATen backward graph itself runs eagerly instead
+        (it computes the same gradients, op by op), on its inputs in the traced layouts."""
+        backward = self.partition.backward
         try:
-            return self.compile_fn(self.partition.backward, inputs)
+            return self.compile_fn(backward, inputs)
         except Exception as e:
             if not config.fallback_on_error:
                 raise
-            log.warning("minicompile: compiling a backward graph failed (%s: %s); running it eagerly. "
-                        "Set MINICOMPILE_FALLBACK=0 to raise instead.", type(e).__name__, e)
-            return self.partition.backward
+            error = e
+        if any(_restrided(x, t) is not x for x, t in zip(inputs, _traced(backward))):
+            try:
+                return InTracedLayouts(backward, self.compile_fn(backward, _in_layouts(inputs, _traced(backward))))
+            except Exception as e:
+                error = e
+        log.warning("minicompile: compiling a backward graph failed (%s: %s); running it eagerly. "
+                    "Set MINICOMPILE_FALLBACK=0 to raise instead.", type(error).__name__, error)
+        return InTracedLayouts(backward, backward)
 
 
 class TrainingFunction(torch.autograd.Function):
@@ -102,3 +114,31 @@ class TrainingFunction(torch.autograd.Function):
             if slot is not None:
                 result[position] = grads[slot]
         return (None, *result)
+
+
+class InTracedLayouts:
+    """``run`` (``gm`` or its compiled form) on copies of its tensor inputs in the strides ``gm``
+    was traced with (its placeholders' ``meta["val"]``), where they differ."""
+
+    def __init__(self, gm: torch.fx.GraphModule, run: Callable):
+        self.run = run
+        self.traced = _traced(gm)
+
+    def __call__(self, *args):
+        return self.run(*_in_layouts(args, self.traced))
+
+
+def _traced(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _in_layouts(args, traced: list) -> list:
+    return [_restrided(a, t) for a, t in zip(args, traced)]
+
+
+def _restrided(x, traced):
+    if not (isinstance(x, torch.Tensor) and isinstance(traced, torch.Tensor)) or x.stride() == traced.stride():
+        return x
+    if not all(isinstance(s, int) for s in (*traced.shape, *traced.stride())) or tuple(x.shape) != tuple(traced.shape):
+        return x
+    return torch.empty_strided(x.shape, traced.stride(), dtype=x.dtype, device=x.device).copy_(x)

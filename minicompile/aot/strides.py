@@ -23,12 +23,12 @@ TensorIterator's rule, for an op whose output it allocates:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_symbols, guard_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 from torch.utils import _pytree as pytree
-
-from minicompile.ir.nodes import contiguous_strides
 
 
 def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
@@ -43,7 +43,7 @@ def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
             if val.device.type == "cpu":  # CUDA's TensorIterator converts inside the kernel: no copies
                 operands = _promoted(operands, val.dtype, skip_first=node.target.name() == "aten::where.self")
             strides = eager_elementwise_strides(tuple(val.shape), operands)
-            if strides is not None and strides != tuple(val.stride()):
+            if strides is not None and not _same(strides, val.stride()):
                 with fake_mode:
                     node.meta["val"] = torch.empty_strided(val.shape, strides, dtype=val.dtype, device=val.device)
                 changed.add(node)
@@ -53,21 +53,51 @@ def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
     return len(changed)
 
 
+class Undecided(Exception):
+    """A comparison of symbolic sizes that holds for some sizes the graph serves and not others."""
+
+
+def _true(cond) -> bool:
+    """``cond``, a bool or a SymBool over symbolic sizes, decided for every size the graph serves
+    (their value ranges), never by a guard; raises Undecided where it is not."""
+    if isinstance(cond, bool):
+        return cond
+    if statically_known_true(cond):
+        return True
+    if statically_known_true(torch.sym_not(cond)):
+        return False
+    raise Undecided(str(cond))
+
+
+def _same(a, b) -> bool:
+    """Equal sequences of sizes or strides; False where a symbolic comparison is undecided."""
+    try:
+        return len(a) == len(b) and all(_true(x == y) for x, y in zip(a, b))
+    except Undecided:
+        return False
+
+
 def eager_elementwise_strides(shape: tuple, operands: list) -> tuple | None:
     """The strides TensorIterator gives a fresh output of ``shape`` computed from ``operands``
-    (tensors, in argument order). None when a size or stride is symbolic."""
-    if any(not _concrete(t) for t in operands) or not all(isinstance(s, int) for s in shape):
+    (tensors, in argument order). With symbolic sizes, only where each comparison it takes holds
+    for every size the graph serves; None otherwise."""
+    try:
+        return _elementwise_strides(shape, operands)
+    except Undecided:
         return None
+
+
+def _elementwise_strides(shape: tuple, operands: list) -> tuple:
     ndim = len(shape)
     if ndim == 0 or not operands:
         return contiguous_strides(shape)
-    if all(tuple(t.shape) == shape for t in operands):
-        if all(t.is_contiguous() for t in operands):
+    if all(_same(t.shape, shape) for t in operands):
+        if all(_dense_as(t, contiguous_strides(shape)) for t in operands):
             return contiguous_strides(shape)
-        if all(t.is_contiguous(memory_format=torch.channels_last) for t in operands):
+        if ndim == 4 and all(_dense_as(t, _channels_last(shape)) for t in operands):
             return _channels_last(shape)
         first = tuple(operands[0].stride())
-        if all(is_non_overlapping_and_dense(t) and tuple(t.stride()) == first for t in operands):
+        if all(is_non_overlapping_and_dense(t) and _same(t.stride(), first) for t in operands):
             return first
     strides = [_broadcast_strides(t, shape) for t in operands]
     perm = _iteration_order(shape, strides)
@@ -81,6 +111,11 @@ def eager_elementwise_strides(shape: tuple, operands: list) -> tuple | None:
     return tuple(out)
 
 
+def _dense_as(t: torch.Tensor, strides: tuple) -> bool:
+    """``t`` has ``strides`` wherever its size is not 1 (is_contiguous's rule, for any format)."""
+    return all(_true(n == 1) or _true(s == want) for n, s, want in zip(t.shape, t.stride(), strides))
+
+
 def _iteration_order(shape: tuple, strides: list) -> list:
     """Dimensions from fastest- to slowest-moving, as TensorIterator orders them."""
     ndim = len(shape)
@@ -90,11 +125,11 @@ def _iteration_order(shape: tuple, strides: list) -> list:
     def should_swap(d0, d1):
         for st in strides:
             s0, s1 = st[d0], st[d1]
-            if s0 == 0 or s1 == 0:
+            if _true(s0 == 0) or _true(s1 == 0):
                 continue  # broadcast here: the next input decides
-            if s0 != s1:
-                return 1 if s0 > s1 else -1
-            if shape[d0] > shape[d1]:
+            if not _true(s0 == s1):
+                return 1 if _true(s0 > s1) else -1
+            if _true(shape[d0] > shape[d1]):
                 return 1
         return 0
 
@@ -116,8 +151,17 @@ def _broadcast_strides(t: torch.Tensor, shape: tuple) -> list:
     offset = len(shape) - t.dim()
     out = [0] * len(shape)
     for i, (n, s) in enumerate(zip(t.shape, t.stride())):
-        out[offset + i] = 0 if (n == 1 and shape[offset + i] != 1) else s
+        out[offset + i] = 0 if (_true(n == 1) and not _true(shape[offset + i] == 1)) else s
     return out
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides; sizes may be SymInts (a size-0 dimension counts as 1, as in ATen)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step = step * (max(n, 1) if isinstance(n, int) else n)
+    return tuple(reversed(strides))
 
 
 def _channels_last(shape: tuple) -> tuple:
@@ -126,10 +170,14 @@ def _channels_last(shape: tuple) -> tuple:
 
 
 def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
-    """Some permutation of the dims is contiguous (size-1 dims ignored)."""
+    """Some permutation of the dims is contiguous (size-1 dims ignored); sizes may be symbolic
+    (Undecided where that depends on them)."""
+    def by_stride(a, b):
+        return -1 if _true(a[0] < b[0]) else int(_true(a[0] > b[0]))
+    dims = [(s, n) for n, s in zip(t.shape, t.stride()) if not _true(n == 1)]
     step = 1
-    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1):
-        if s != step:
+    for s, n in sorted(dims, key=functools.cmp_to_key(by_stride)):
+        if not _true(s == step):
             return False
         step *= n
     return True
@@ -204,11 +252,15 @@ def _rerun(node: torch.fx.Node, fake_mode) -> bool:
     except Exception:  # keep the traced value: it is what we had before this pass
         return False
     old = node.meta.get("val")
-    if _layouts(new) == _layouts(old) or any(free_symbols(x) for x in pytree.tree_leaves(new) if isinstance(x, torch.Tensor)):
+    if _same_layouts(new, old):
         return False
     node.meta["val"] = new
     return True
 
 
-def _layouts(v):
-    return [(tuple(x.shape), tuple(x.stride())) if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves(v)]
+def _same_layouts(a, b) -> bool:
+    """The same shapes and strides (and other leaves), without guarding on symbolic sizes."""
+    la, lb = pytree.tree_leaves(a), pytree.tree_leaves(b)
+    return len(la) == len(lb) and all(
+        _same(x.shape, y.shape) and _same(x.stride(), y.stride()) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+        else _same((x,), (y,)) for x, y in zip(la, lb))

@@ -31,7 +31,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from minicompile.aot.cpu_policy import CPU_CLAIMS
+from minicompile.aot.conv_layout import relayout_active
 from minicompile.aot.custom_ops import functionalize_custom_ops
+from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 from minicompile.aot.lift import lift_attributes
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
@@ -78,7 +80,7 @@ def functionalize(gm, ctx: PassContext):
 
         def run_graph(*args):
             # node by node, so each ATen node inherits its source node's stack trace
-            return (SymbolicInterpreter if ctx.symbolic else torch.fx.Interpreter)(gm).run(*args)
+            return TracingInterpreter(gm, ctx.symbolic).run(*args)
         return _make_fx(torch.func.functionalize(run_graph, remove="mutations"), ctx)
 
 
@@ -102,12 +104,49 @@ def _without_functorch_transforms(gm, ctx: PassContext) -> torch.fx.GraphModule:
 SYMBOLIC_PREDECOMPOSE = {torch._C._nn.linear: aten.linear.default}
 
 
-class SymbolicInterpreter(torch.fx.Interpreter):
+def _dropout(input, p=0.5, training=True, inplace=False):
+    return NotImplemented if inplace else DECOMPOSITIONS[aten.dropout.default](input, p, training)
+
+
+def _alpha_dropout(input, p=0.5, training=False, inplace=False):
+    return NotImplemented if inplace else DECOMPOSITIONS[aten.alpha_dropout.default](input, p, training)
+
+
+def _bernoulli_(self, p=0.5, *, generator=None):
+    if not isinstance(p, float):
+        return NotImplemented
+    return DECOMPOSITIONS[aten.bernoulli_.float](self, p, generator=generator)
+
+
+# Calls that run as our decomposition first (NotImplemented: as written), static sizes or not.
+# Under functionalization the C++ composites of dropout and alpha dropout would run below our
+# table, and their in-place bernoulli_ becomes bernoulli.p, which draws in logical order where
+# eager draws a dense tensor in memory order (decomp/dropout.py).
+PREDECOMPOSE = {torch.nn.functional.dropout: _dropout, torch.dropout: lambda x, p, train: _dropout(x, p, train),
+                torch.nn.functional.alpha_dropout: _alpha_dropout,
+                torch.alpha_dropout: lambda x, p, train: _alpha_dropout(x, p, train),
+                torch.Tensor.bernoulli_: _bernoulli_, aten.bernoulli_.float: _bernoulli_}
+
+
+class TracingInterpreter(LayoutCheckingInterpreter):
+    """Runs a captured graph inside the trace, with the calls above sent to our decompositions;
+    in the channels-last trace, ops that read a layout check it is eager's (aot/layout_readers.py)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, symbolic: bool):
+        super().__init__(gm, relayout_active)
+        self.symbolic = symbolic
+
     def call_function(self, target, args, kwargs):
-        op = SYMBOLIC_PREDECOMPOSE.get(target)
+        op = SYMBOLIC_PREDECOMPOSE.get(target) if self.symbolic else None
         if op in DECOMPOSITIONS:
             return DECOMPOSITIONS[op](*args, **kwargs)
-        return super().call_function(target, args, kwargs)
+        out = PREDECOMPOSE[target](*args, **kwargs) if target in PREDECOMPOSE else NotImplemented
+        return super().call_function(target, args, kwargs) if out is NotImplemented else out
+
+    def call_method(self, target, args, kwargs):
+        first = PREDECOMPOSE.get(getattr(torch.Tensor, target, None))
+        out = first(*args, **kwargs) if first is not None else NotImplemented
+        return super().call_method(target, args, kwargs) if out is NotImplemented else out
 
 
 def leftover_inplace(gm, ctx: PassContext):

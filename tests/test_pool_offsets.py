@@ -61,3 +61,23 @@ def test_indices_the_user_reads_stay_int64(fresh_dynamo):
     assert_matches_eager((out, idx), ref)
     (graph,) = rec.training
     assert torch.int8 not in _saved_dtypes(graph)
+
+
+def test_pool_and_its_backward_in_one_graph(fresh_dynamo):
+    # the forward itself runs the pooling backward (as OpInfo's max_pool2d_with_indices_backward
+    # does): the indices are rebuilt from offsets after those are computed (the rebuild was placed
+    # before them: KeyError _to_copy_default when the graph was split)
+    aten = torch.ops.aten
+
+    def fn(x):
+        y, i = F.max_pool2d_with_indices(x, 3, 2, 0, 1, ceil_mode=True, return_indices=True)
+        return aten.max_pool2d_with_indices_backward(torch.ones_like(y), x, [3, 3], [2, 2], [0, 0], [1, 1], True, i)
+
+    x = torch.randn(1, 2, 3, 6, requires_grad=True)
+    rec = Recorder()
+    out = torch.compile(fn, backend=rec)(x)
+    ref = fn(x)
+    assert_matches_eager(out, ref)
+    cot = torch.randn_like(ref)
+    assert_matches_eager(torch.autograd.grad(out, x, cot), torch.autograd.grad(ref, x, cot))
+    assert rec.training

@@ -60,6 +60,10 @@ def _rewrite(graph: torch.fx.Graph, pool: torch.fx.Node) -> None:
     if kh * kw > MAX_WINDOW or kw > width or not all(isinstance(s, int) for s in val.shape):
         return
     emit = _Emitter(graph, detect_fake_mode([val]))
+    # the first reader of the indices as the graph stands (before `d` below reads them too: the
+    # rebuild placed before `d` read the offsets before they were computed, a KeyError where
+    # one graph holds both, OpInfo max_pool2d_with_indices_backward)
+    first_reader = min(idx.users, key=_position(graph))
     with graph.inserting_before(idx.next):
         rows = emit(aten.mul.Tensor, emit(aten.sub.Tensor, emit(aten.mul.Tensor, _arange(emit, h_out, val), sh), ph), width)
         cols = emit(aten.sub.Tensor, emit(aten.mul.Tensor, _arange(emit, w_out, val), sw), pw)
@@ -68,7 +72,6 @@ def _rewrite(graph: torch.fx.Graph, pool: torch.fx.Node) -> None:
         wide = emit(aten.add.Tensor, d, emit(aten.mul.Tensor, emit(aten.div.Tensor_mode, d, width, rounding_mode="floor"),
                                             kw - width))
         offsets = emit(aten._to_copy.default, wide, dtype=torch.int8)
-    first_reader = min(idx.users, key=_position(graph))
     with graph.inserting_before(first_reader):
         o = emit(aten._to_copy.default, offsets, dtype=torch.int64)
         back = emit(aten.mul.Tensor, emit(aten.div.Tensor_mode, o, kw, rounding_mode="floor"), width - kw)

@@ -96,8 +96,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # MINICOMPILE_FALLBACK=0 added ~255: 16164 measured alone, 16705 with the work above. Issue
 # 23's layout contract: ops that read a layout checked against eager's strides in both
 # channels-last passes (aot/layout_readers.py), eager's draws for non-contiguous random ops, the
-# backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988.
-CORE_LINE_BUDGET = 16_990
+# backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
+# offsets' rebuild placed before the first reader as the graph stood 3: 16991.
+CORE_LINE_BUDGET = 16_995
 MAX_FILE_LINES = 600
 
 # DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -159,9 +159,13 @@ def measure_afresh(monkeypatch):
     monkeypatch.setattr(autotune, "load_timings", lambda key: None)
 
 
+# the default run measures ("auto", what users get and what raised); the pinned forms are slow
+EVERY_MODE = ["auto", pytest.param("math", marks=pytest.mark.slow), pytest.param("flash", marks=pytest.mark.slow)]
+
+
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("heads,kv_heads,sharing", SHARING, ids=[f"{h}q{k}kv-{s}" for h, k, s in SHARING])
-@pytest.mark.parametrize("mode", ["auto", "math", "flash"])
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_grouped_heads_masks_and_causal_compile_in_every_mode_and_match_eager(mode, heads, kv_heads, sharing, train,
                                                                              monkeypatch):
     measure_afresh(monkeypatch)
@@ -256,7 +260,7 @@ def tiny_gemma():
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
-@pytest.mark.parametrize("mode", ["auto", "math", "flash"])
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_hf_gemma_multi_query_attention_compiles_and_matches_eager(mode, train, monkeypatch):
     model = tiny_gemma().train(train)
     ids = torch.randint(0, 64, (2, 7))

@@ -212,7 +212,7 @@ def test_missing_triton_is_a_clear_error(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is for machines without a GPU")
 def test_gpu_check_dry_run(tmp_path):
-    """benchmarks/gpu_check.sh with the GPU work stubbed (about 5 minutes on 2 cores): every step
+    """benchmarks/gpu_check.sh with the GPU work stubbed (2-6 minutes on 2 cores): every step
     passes and the results file has the summary and the benchmark table."""
     import subprocess
     import sys

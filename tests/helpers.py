@@ -70,12 +70,13 @@ class Recorder:
         return [g for g in self.graphs if isinstance(g, TrainingGraph)]
 
 
-def compile_with_dynamo(fn, *inputs):
-    """Run ``fn`` through torch.compile(backend="minicompile"); return its output and the graphs
-    the backend made (CompiledGraphs, or what runs instead)."""
+def compile_with_dynamo(fn, *inputs, grad: bool = False):
+    """Run ``fn`` through torch.compile(backend="minicompile") (FX nodes carry the user's source
+    lines), without autograd unless ``grad``; return its output and the graphs the backend made
+    (CompiledGraphs, TrainingGraphs, or what runs instead)."""
     record = Recorder()
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = torch.compile(fn, backend=record)(*inputs)
     return out, record.graphs
 

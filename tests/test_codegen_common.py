@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from minicompile.backend import minicompile_backend
 from minicompile.codegen import BACKENDS, cpp_ops, triton_ops
 from minicompile.codegen.common import ARG_REDUCTIONS, acc_dtype, identity_value
 from minicompile.codegen.cpp import CppKernel
@@ -18,6 +17,7 @@ from minicompile.codegen.triton import TritonKernel
 from minicompile.config import patch as config_patch
 from minicompile.pipeline import compile_graph
 from minicompile.runtime import cpp_build
+from tests.helpers import compile_with_dynamo
 
 # 42 with the shipped prelude; MC_PROBE where a header defines it
 PROBE = ('#include "minicompile_prelude.h"\n'
@@ -64,17 +64,7 @@ def _layer_norm_softmax(x, w, b):
 
 def _dynamo_compile(fn, *inputs):
     """Through torch.compile, so FX nodes carry the user's source lines."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
-
-    torch._dynamo.reset()
-    try:
-        out = torch.compile(fn, backend=backend)(*inputs)
-    finally:
-        torch._dynamo.reset()
+    out, graphs = compile_with_dynamo(fn, *inputs, grad=True)
     torch.testing.assert_close(out, fn(*inputs))
     return graphs
 

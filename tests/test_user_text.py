@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import torch
 
-from minicompile.backend import minicompile_backend
 from minicompile.codegen.common import comment_text
 from minicompile.runtime import cpp_build
+from tests.helpers import compile_with_dynamo
 
 # Functions f(x, s) whose source lines are hard to quote in a comment -> what a kernel header
 # must then show of them
@@ -43,29 +43,13 @@ def _load(tmp_path, name: str, source: str):
     return module.f
 
 
-def _compile(fn, *inputs):
-    """Through torch.compile, so FX nodes carry the user's source lines; the compiled graphs."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(minicompile_backend(gm, example_inputs))
-        return graphs[-1]
-
-    torch._dynamo.reset()
-    try:
-        out = torch.compile(fn, backend=backend)(*inputs)
-    finally:
-        torch._dynamo.reset()
-    return out, graphs
-
-
 @pytest.mark.parametrize("case", sorted(NASTY_SOURCES))
 def test_nasty_source_lines_compile_and_match_eager(case, backend, tmp_path):
     source, shown = NASTY_SOURCES[case]
     fn = _load(tmp_path, case, source)
     torch.manual_seed(0)
     x, s = torch.rand(4, 8) + 0.1, torch.rand(8)
-    out, graphs = _compile(fn, x, s)
+    out, graphs = compile_with_dynamo(fn, x, s, grad=True)
     torch.testing.assert_close(out, fn(x, s))
     (graph,) = graphs
     src = graph.kernel_source
@@ -88,7 +72,7 @@ class Modèle(torch.nn.Module):
 def test_unicode_module_parameter_and_buffer_names_compile_for_training(backend):
     torch.manual_seed(0)
     model, x = Modèle(), torch.randn(4, 8)
-    out, graphs = _compile(model, x)
+    out, graphs = compile_with_dynamo(model, x, grad=True)
     expected = model(x)
     torch.testing.assert_close(out, expected)
     grad = torch.randn_like(out)
@@ -113,7 +97,7 @@ def _(x, label):
 def test_string_arguments_reach_extern_calls_unchanged(label, backend):
     fn = lambda x: scaled_by_label(x.sin(), label).cos()  # noqa: E731
     x = torch.randn(3, 5)
-    out, (graph,) = _compile(fn, x)
+    out, (graph,) = compile_with_dynamo(fn, x, grad=True)
     torch.testing.assert_close(out, fn(x))
     assert ascii(label) in graph.wrapper_source and graph.wrapper_source.isascii()
 

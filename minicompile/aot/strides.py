@@ -39,9 +39,7 @@ def restride_elementwise(gm: torch.fx.GraphModule, fake_mode) -> int:
             continue
         val = node.meta.get("val")
         if _is_elementwise(node, val):
-            operands = _tensor_operands(node)
-            if val.device.type == "cpu":  # CUDA's TensorIterator converts inside the kernel: no copies
-                operands = _promoted(operands, val.dtype, skip_first=node.target.name() == "aten::where.self")
+            operands = _promoted(_tensor_operands(node), val.dtype, skip_first=node.target.name() == "aten::where.self")
             strides = eager_elementwise_strides(tuple(val.shape), operands)
             if strides is not None and not _same(strides, val.stride()):
                 with fake_mode:
@@ -217,7 +215,7 @@ def _promoted(operands: list, out_dtype: torch.dtype, skip_first: bool = False) 
     conversion happens inside the kernel and the operands keep their strides: float32 expanded
     times float64 transposed is (3, 1) on CPU and (1, 8) on an H200, fuzzer seed 223.)"""
     fixed, rest = (operands[:1], operands[1:]) if skip_first else ([], operands)
-    if not rest or any(not _concrete(t) for t in rest):
+    if not rest or rest[0].device.type != "cpu" or any(not _concrete(t) for t in rest):
         return operands
     acc = _like(rest[0], rest[0].dtype)
     for t in rest[1:]:

@@ -81,15 +81,14 @@ class TritonOps:
         assert name not in self.kernel.k.local, f"local {name} read at {index} outside its registers"
         groups = self.kernel.index_groups(index)
         rendered = _R.render(index)
-        if not groups:
-            # a scalar (a 0-d input) is loaded as a block: Triton's interpreter cannot combine a
-            # 0-d bool with a block (maximum(scalar, x)'s `(a != a) | (a > b)`: fuzzer seed
-            # 900023); on a GPU every lane reads one address, one transaction
-            groups = frozenset({"x"})
-            rendered = f"{rendered} + 0 * xindex"
-        for g in sorted(self.mask_groups - groups):  # e.g. an empty row: every lane is masked off
+        # Groups the load varies over without its index using them: the masked ones (an empty row:
+        # every lane masked off), and "x" for a scalar (a 0-d input), loaded as a block since
+        # Triton's interpreter cannot combine a 0-d bool with a block (maximum(scalar, x)'s
+        # `(a != a) | (a > b)`: fuzzer seed 900023); on a GPU every lane reads one address
+        padded = self.mask_groups if groups else self.mask_groups | {"x"}
+        for g in sorted(padded - groups):
             rendered = f"{rendered} + 0 * {g}index"
-        groups |= self.mask_groups
+        groups |= padded
         if name in self.kernel.written:
             # written earlier by this kernel at another lane: make that store visible first
             self.lines.append("tl.debug_barrier()")

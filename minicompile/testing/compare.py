@@ -122,9 +122,8 @@ def to_device(t, device):
     stay so); ``t`` itself when it is there already."""
     if not isinstance(t, torch.Tensor) or t.device == torch.device(device):
         return t
-    n = t.untyped_storage().nbytes() // t.element_size()
-    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,)).to(device)
-    return base.as_strided(t.size(), t.stride(), t.storage_offset())
+    moved = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).to(device)
+    return _viewing(t, moved.untyped_storage())
 
 
 def copy_preserving_strides(t):
@@ -132,6 +131,10 @@ def copy_preserving_strides(t):
     if not isinstance(t, torch.Tensor):
         return t
     # copy the whole storage and view it the same way: also right for expanded (stride-0) inputs
-    out = torch.empty(0, dtype=t.dtype, device=t.device)
-    out.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
+    out = _viewing(t, t.untyped_storage().clone())
     return out.detach().requires_grad_(t.requires_grad) if t.requires_grad else out
+
+
+def _viewing(t, storage):
+    """A tensor that views ``storage`` as ``t`` views its own (size, strides, offset)."""
+    return torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, t.storage_offset(), t.size(), t.stride())

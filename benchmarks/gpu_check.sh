@@ -2,6 +2,7 @@
 # Every GPU check in one run, for a machine with a CUDA device and a fresh checkout:
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]        # default: gpu-results/
+#   PYTHON=.venv/bin/python ...                      # a Python other than python3 (it must hold torch)
 #   MINICOMPILE_GPU_DRY_RUN=1 bash benchmarks/gpu_check.sh   # here, without a GPU: the same
 #       steps with the GPU-only work stubbed (CPU tensors through Triton's interpreter, tiny sizes)
 #
@@ -67,7 +68,7 @@ row() {
 say "# minicompile GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
 say ""
 say '```'
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "no nvidia-smi"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   "$PY" - <<'EOF'
 import platform, sys
 print("python", platform.python_version(), sys.executable)
@@ -88,6 +89,13 @@ EOF
 say '```'
 say ""
 
+# before installing anything: a machine with no GPU (or this Python without torch) stops here
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "import torch, triton; assert torch.cuda.is_available()" 2>>"$LOGS/install.log"; then
+    say "$PY: no torch with a visible CUDA device, or no triton: nothing to check on a GPU (PYTHON=... names"
+    say "another Python; MINICOMPILE_GPU_DRY_RUN=1 dry-runs the steps without a GPU)"
+    exit 2
+fi
+
 # 2. install: an editable install registers backend="minicompile" (the entry point); without the
 # network nothing is fetched, and PYTHONPATH above already finds the package if this fails.
 if [ "$DRY" = 1 ]; then
@@ -98,10 +106,6 @@ fi
 if ! "$PY" -c "import torch, networkx, minicompile" >> "$LOGS/install.log" 2>&1; then
     say "install: torch, networkx or minicompile do not import; see logs/install.log"
     tail -5 "$LOGS/install.log" | tee -a "$SUMMARY"
-fi
-if [ "$DEVICE" = cuda ] && ! "$PY" -c "import torch, triton; assert torch.cuda.is_available()" 2>>"$LOGS/install.log"; then
-    say "no CUDA device visible to torch, or triton missing: nothing to check on a GPU (set MINICOMPILE_GPU_DRY_RUN=1 to dry-run)"
-    exit 2
 fi
 
 # 3. correctness on the GPU, in parallel (each step its own cache directory: no two processes

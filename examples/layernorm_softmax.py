@@ -9,6 +9,9 @@ def norm_then_softmax(x, w, b):
     return torch.softmax(F.layer_norm(x, (x.shape[-1],), w, b) * 2.0, dim=-1)
 
 
+torch.manual_seed(0)
+model = norm_then_softmax                      # what `minicompile inspect` compiles
+example_inputs = (torch.randn(64, 128), torch.randn(128), torch.randn(128))
+
 if __name__ == "__main__":
-    torch.manual_seed(0)
-    run_example("layer_norm + softmax 64x128", norm_then_softmax, (torch.randn(64, 128), torch.randn(128), torch.randn(128)))
+    run_example("layer_norm + softmax 64x128", model, example_inputs)

@@ -27,6 +27,9 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
+torch.manual_seed(0)
+model = Block().eval()                         # what `minicompile inspect` compiles
+example_inputs = (torch.randn(2, 32, 64),)
+
 if __name__ == "__main__":
-    torch.manual_seed(0)
-    run_example("transformer block B2 T32 C64", Block().eval(), (torch.randn(2, 32, 64),))
+    run_example("transformer block B2 T32 C64", model, example_inputs)

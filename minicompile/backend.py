@@ -143,6 +143,10 @@ def _compile_for_dynamo(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
 def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     """A graph whose inputs require grad: joint trace, partition, compiled forward and backward
     (aot/); a graph the training runtime cannot reproduce exactly runs eagerly, and the log says why."""
+    with patch(**knobs):
+        if config.cudagraphs:
+            log_once("minicompile: CUDA graphs (mode='reduce-overhead'/'max-autotune', option 'cudagraphs') are "
+                     "not applied to training graphs (inputs that require grad); they run without them.")
     if has_symbolic_shapes(gm, example_inputs):
         return _eager_training(gm, "dynamic shapes are not compiled for training yet")
     if has_data_dependent_sizes(gm):

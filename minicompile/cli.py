@@ -6,6 +6,7 @@
     minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
     minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
+    minicompile config
 
 Exit status: 0 success, 1 the command ran and failed (e.g. a mismatch), 2 bad usage or a
 TARGET that cannot be loaded.
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = sub.add_parser("cache", help="show or clear the compiled-kernel cache")
     cache.add_argument("action", choices=["info", "clear"])
+    sub.add_parser("config", help="every MINICOMPILE_* knob: its value now, and whether the environment set it")
     return parser
 
 
@@ -124,16 +126,35 @@ def _cache(args) -> int:
     from minicompile.runtime import cache
     if args.action == "info":
         info = cache.info()
-        print(f"cache directory: {info['path']}\nfiles: {info['files']}\nsize: {info['bytes'] / 1e6:.1f} MB")
+        print(f"cache directory: {info['path']}\nfiles: {info['files']}\nsize: {_size(info['bytes'])}")
     else:
         removed = cache.clear()
         print(f"removed {removed} file(s) from {cache.cache_root()}")
     return 0
 
 
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB"):
+        if n < 1000 or unit == "MB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _config(args) -> int:
+    import os
+    from minicompile.config import config, knobs, unknown_variables
+    for name, spec in knobs().items():
+        where = "environment" if os.environ.get(spec.env) else "default"
+        print(f"{spec.env:38} {getattr(config, name)!r:24} ({where}; accepted: {spec.accepted()})")
+    for name in unknown_variables():
+        print(f"unknown: {name}")
+    return 0
+
+
 # Imports of the heavy tools (torch, Dynamo) are deferred so `minicompile --help` and
 # `minicompile cache info` answer instantly.
-COMMANDS = {"inspect": _inspect, "bench": _bench, "cache": _cache}
+COMMANDS = {"inspect": _inspect, "bench": _bench, "cache": _cache, "config": _config}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Every minicompile knob, in one place.
 
-Each knob has a default and an environment variable read at import time. Tests and
-users change knobs for a block of code with ``config.patch``::
+Each knob has a default and an environment variable read at import time; ``knob`` declares
+both with the values it accepts and the README's line for it, so one parser checks every
+variable (a bad value is a ``ConfigError`` naming it) and ``readme_table`` makes the
+README's table (``minicompile config`` prints the knobs as set now). Tests and users change knobs for a block of code with
+``config.patch``, checked the same way::
 
     with minicompile.config.patch(cpu_backend="triton"):
         ...
@@ -13,17 +16,75 @@ which knobs a mode sets, ``options`` names knobs (or Inductor's names for them,
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
-from dataclasses import dataclass, fields
+import warnings
+from dataclasses import dataclass, field, fields
 
 
-def _env(name: str, default, kind=str):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if kind is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    return kind(raw)
+class ConfigError(ValueError):
+    """A knob set to a value it does not accept (environment, ``patch`` or ``options``)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob's variable, default and accepted values, and the README's line for it."""
+    env: str
+    default: object
+    doc: str
+    choices: tuple = ()     # a string knob's accepted values (empty: any string)
+    lo: int | None = None   # an integer knob's accepted range
+    hi: int | None = None
+    shown: str = ""         # the default as the README shows it, where it is computed
+
+    def shown_default(self) -> str:
+        if self.shown:
+            return self.shown
+        return f"`{int(self.default)}`" if isinstance(self.default, bool) else f"`{self.default}`"
+
+    def accepted(self) -> str:
+        if isinstance(self.default, bool):
+            return "1/0 (also true/false, yes/no, on/off)"
+        if isinstance(self.default, int):
+            if self.lo is not None and self.hi is not None:
+                return f"an integer from {self.lo} to {self.hi}"
+            return f"an integer >= {self.lo}" if self.lo is not None else "an integer"
+        return ", ".join(repr(c) for c in self.choices) if self.choices else "a string"
+
+    def check(self, value, where: str):
+        """``value`` as this knob's type, or a ConfigError naming ``where`` and what it accepts."""
+        bad = ConfigError(f"minicompile: {where} is {value!r}, which it does not accept; "
+                          f"accepted: {self.accepted()} (default: {self.shown_default()})")
+        kind = type(self.default)
+        if isinstance(value, str) and kind is not str:
+            text = value.strip().lower()
+            if kind is bool:
+                if text not in _TRUE + _FALSE:
+                    raise bad
+                return text in _TRUE
+            try:
+                value = int(text)
+            except ValueError:
+                raise bad from None
+        if kind is bool and value in (0, 1) and not isinstance(value, float):
+            value = bool(value)
+        if type(value) is not kind or (self.choices and value not in self.choices):
+            raise bad
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise bad
+        return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def knob(env: str, default, doc: str, **limits):
+    """A Config field read from ``env`` at import; a bad value is a ConfigError naming it."""
+    spec = Knob(env, default, doc, **limits)
+    raw = os.environ.get(env, "")
+    value = default if raw == "" else spec.check(raw, env)
+    return field(default=value, metadata={"knob": spec})
 
 
 def _default_cache_dir() -> str:
@@ -33,76 +94,133 @@ def _default_cache_dir() -> str:
 
 @dataclass
 class Config:
-    # MINICOMPILE_DEBUG=0..5: the debug ladder documented in the README.
-    debug: int = _env("MINICOMPILE_DEBUG", 0, int)
-    # Where compiled kernels (and Triton's own cache) live.
-    cache_dir: str = _env("MINICOMPILE_CACHE_DIR", _default_cache_dir())
-    # The C++ compiler; falls back to $CXX, then g++, then c++.
-    cxx: str = _env("MINICOMPILE_CXX", os.environ.get("CXX", ""))
-    # Code generator for CPU tensors: "cpp" (default) or "triton" (runs under TRITON_INTERPRET=1).
-    cpu_backend: str = _env("MINICOMPILE_CPU_BACKEND", "cpp")
-    # Recompiles per code object in minicompile.compile before running eagerly.
-    recompile_limit: int = _env("MINICOMPILE_RECOMPILE_LIMIT", 8, int)
-    # A pointwise value read by more consumers than this is computed once into a buffer.
-    realize_reads_threshold: int = _env("MINICOMPILE_REALIZE_READS", 4, int)
-    # A pointwise value whose body has more ops than this is computed once into a buffer.
-    realize_opcount_threshold: int = _env("MINICOMPILE_REALIZE_OPS", 30, int)
-    # A pointwise value read twice or more that loads more buffers than this is computed once:
-    # a residual stream x + f(x) inlined block after block would reload every f(x) so far.
+    debug: int = knob(
+        "MINICOMPILE_DEBUG", 0, "what each compile prints, 0 (nothing) to 5 (see Debugging above)", lo=0, hi=5)
+    cache_dir: str = knob(
+        "MINICOMPILE_CACHE_DIR", _default_cache_dir(), "compiled kernels and measured choices; corrupt "
+        "entries are rebuilt (with a log line), an unwritable directory falls back to a temporary one; "
+        "`minicompile cache info` / `clear`", shown="`~/.cache/minicompile`")
+    cxx: str = knob(
+        "MINICOMPILE_CXX", os.environ.get("CXX", ""), "the C++ compiler (else `$CXX`, then g++, c++, clang++)",
+        shown="g++")
+    cpu_backend: str = knob(
+        "MINICOMPILE_CPU_BACKEND", "cpp", "code generator for CPU tensors: `triton` runs them through the "
+        "Triton generator (with `TRITON_INTERPRET=1`)", choices=("cpp", "triton"))
+    fallback_on_error: bool = knob(
+        "MINICOMPILE_FALLBACK", True, "an internal compiler error runs the graph eagerly with a warning; "
+        "0 raises it (for bug reports and tests)")
+    recompile_limit: int = knob(
+        "MINICOMPILE_RECOMPILE_LIMIT", 8, "entries per code offset in `minicompile.compile` (8 times that "
+        "at a resume point inside a loop); then the function runs eagerly, with a warning naming the "
+        "guard that kept failing", lo=1)
+    fusion: bool = knob("MINICOMPILE_FUSION", True, "0: one kernel per buffer (for debugging)")
+    realize_reads_threshold: int = knob(
+        "MINICOMPILE_REALIZE_READS", 4, "a lazy value read by more consumers is computed once into a "
+        "buffer", lo=1)
+    realize_opcount_threshold: int = knob(
+        "MINICOMPILE_REALIZE_OPS", 30, "a lazy value whose body has more ops is computed once into a "
+        "buffer", lo=1)
     # 4, not 8: Swin's patch-merging LayerNorm recomputed a 6-buffer window/roll/residual chain
-    # through gather indices inside its reduction (Swin 16.2 -> 12.9 ms, ConvNeXt 11.3 -> 9.5 ms
-    # on one thread; ViT and GPT-2 unchanged within noise).
-    realize_loads_threshold: int = _env("MINICOMPILE_REALIZE_LOADS", 4, int)
-    # Turn the fusion scheduler off (one kernel per realized buffer), for debugging.
-    fusion: bool = _env("MINICOMPILE_FUSION", True, bool)
-    # An internal compiler error runs the graph eagerly (with a warning) instead of raising.
-    fallback_on_error: bool = _env("MINICOMPILE_FALLBACK", True, bool)
-    # Smallest loop (in elements) worth running on several OpenMP threads.
-    parallel_threshold: int = _env("MINICOMPILE_PARALLEL_THRESHOLD", 32768, int)
-    # C++: consecutive independent pointwise kernels run as one call with one OpenMP parallel
-    # region and no barrier between them (codegen/cpp_groups.py; docs/optimizer.md).
-    horizontal_groups: bool = _env("MINICOMPILE_HORIZONTAL", True, bool)
-    # Triton: a reduction whose row (rounded up to a power of two) is at most this many elements
-    # holds the whole row in registers (persistent); longer rows loop over RBLOCK-sized chunks.
-    triton_persistent_rnumel: int = _env("MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, int)
-    # CPU attention: "auto" keeps eager's fused flash kernel (an extern call) for a shape where it
-    # measured faster than the decomposed math form on this machine (aot/cpu_policy.py); "math"
-    # or "flash" pins the choice.
-    cpu_attention: str = _env("MINICOMPILE_CPU_ATTENTION", "auto")
-    # CPU float32 matrix products: "auto" runs each shape with MKL's sgemm (aten.mm) or oneDNN's
-    # matmul, whichever measured faster on this machine (aot/cpu_policy.py); "mkl" or "onednn" pins it.
-    cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")
-    # CPU float32 convolutions run channels-last: inference (aot/conv_layout.py) and training,
-    # forward and backward (aot/conv_layout_train.py).
-    conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
-    # Inference: "auto" keeps a graph channels-last only where its convolutions, measured both
-    # ways on this machine (weight conversions included unless weights are prepared), run faster
-    # so (aot/conv_layout.py); "channels_last" converts every CPU float32 convolution graph.
-    conv_layout: str = _env("MINICOMPILE_CONV_LAYOUT", "auto")
-    # Inference on CPU: values computed from parameters and buffers alone (channels-last weights,
-    # BatchNorm folded into the convolution before it) are computed once per version of those
-    # tensors, not on every call (aot/prepare.py, runtime/prepared.py). Off by default, as
-    # Inductor's freezing: a write through ``p.data`` moves no version counter, so a prepared
-    # value would go stale silently. options={"freezing": True} turns it on for one model.
-    prepare_weights: bool = _env("MINICOMPILE_PREPARE_WEIGHTS", False, bool)
-    # CPU buffers of 64 KiB or more that the wrapper allocates are kept for reuse (up to this
-    # many MiB) once nothing references them, so their pages stay mapped; 0 turns it off.
-    host_pool_mb: int = _env("MINICOMPILE_HOST_POOL_MB", 2048, int)
-    # Triton on a GPU: time a few block sizes / num_warps per kernel and shape (cached on disk).
-    triton_autotune: bool = _env("MINICOMPILE_TRITON_AUTOTUNE", True, bool)
-    # Search harder: Triton times more block sizes / num_warps; on CPU a few variants of the whole
-    # graph (parallel threshold, realization) are built and the fastest is kept (docs/modes.md).
-    max_autotune: bool = _env("MINICOMPILE_MAX_AUTOTUNE", False, bool)
-    # CUDA graphs: a graph on CUDA tensors is recorded once per input shape and replayed
-    # (runtime/cudagraphs.py). No effect on CPU tensors.
-    cudagraphs: bool = _env("MINICOMPILE_CUDAGRAPHS", False, bool)
-    # Training graphs: how the joint forward/backward graph is split (aot/partition.py). "min_cut"
-    # saves the cheapest set of values for backward, recomputing cheap elementwise chains;
-    # "save_all" saves every forward value backward reads.
-    partitioner: str = _env("MINICOMPILE_PARTITIONER", "min_cut")
+    # through gather indices inside its reduction (docs/models.md).
+    realize_loads_threshold: int = knob(
+        "MINICOMPILE_REALIZE_LOADS", 4, "a value read twice or more that loads more than this many "
+        "buffers is computed once into a buffer (keeps lowering linear in the depth of residual chains)",
+        lo=1)
+    parallel_threshold: int = knob(
+        "MINICOMPILE_PARALLEL_THRESHOLD", 32768, "smallest loop (in elements) run on several OpenMP "
+        "threads", lo=1)
+    horizontal_groups: bool = knob(
+        "MINICOMPILE_HORIZONTAL", True, "consecutive independent C++ kernels run as one call with one "
+        "OpenMP parallel region, no barrier between them (codegen/cpp_groups.py)")
+    triton_persistent_rnumel: int = knob(
+        "MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, "Triton: a reduction row of at most this many "
+        "elements (rounded up to a power of two) is held in registers; longer rows loop", lo=1)
+    cpu_attention: str = knob(
+        "MINICOMPILE_CPU_ATTENTION", "auto", "CPU attention: `auto` keeps eager's fused flash kernel (an "
+        "extern call) for a shape where it measured faster than the decomposed math form on this machine "
+        "(once per shape and thread count, remembered in the cache), and the math form where neither "
+        "runs on the traced layout; `math` or `flash` pins the choice (aot/cpu_policy.py)",
+        choices=("auto", "math", "flash"))
+    cpu_gemm: str = knob(
+        "MINICOMPILE_CPU_GEMM", "auto", "CPU float32 matrix products: `auto` runs each shape with MKL's "
+        "sgemm (`aten.mm`, as eager) unless oneDNN's matmul measured more than 10% faster on this machine "
+        "(once per shape and thread count, remembered in the cache); `mkl` or `onednn` pins the library",
+        choices=("auto", "mkl", "onednn"))
+    conv_channels_last: bool = knob(
+        "MINICOMPILE_CONV_CHANNELS_LAST", True, "CPU float32 convolutions run channels-last: in inference "
+        "(inputs and weights converted, 1x1 convolutions as oneDNN linear, eager's output layout "
+        "restored) and in training, forward and backward; 0 keeps NCHW")
+    conv_layout: str = knob(
+        "MINICOMPILE_CONV_LAYOUT", "auto", "inference: `auto` keeps a convolution graph channels-last only "
+        "where its convolutions, timed both ways on this machine (weight conversions counted unless "
+        "weights are prepared), run faster so (remembered in the cache); `channels_last` always converts",
+        choices=("auto", "channels_last"))
+    # Off by default, as Inductor's freezing: a write through ``p.data`` moves no version counter,
+    # so a prepared value would go stale silently.
+    prepare_weights: bool = knob(
+        "MINICOMPILE_PREPARE_WEIGHTS", False, "CPU inference: values computed from parameters and buffers "
+        "alone (channels-last weights, BatchNorm folded into the convolution) are computed once per "
+        "version of those tensors (aot/prepare.py); also `options={\"freezing\": True}`. Off by default: "
+        "a write through `p.data` moves no version counter and would not be seen")
+    host_pool_mb: int = knob(
+        "MINICOMPILE_HOST_POOL_MB", 2048, "CPU buffers of 64 KiB or more (and matrix products' results) "
+        "are kept for reuse once nothing references them, so their pages stay mapped; "
+        "`minicompile.runtime.host_pool.clear()` releases the idle ones; 0 turns it off", lo=0)
+    triton_autotune: bool = knob(
+        "MINICOMPILE_TRITON_AUTOTUNE", True, "Triton on a GPU: time a few block sizes / num_warps per "
+        "kernel and shape (cached on disk)")
+    max_autotune: bool = knob(
+        "MINICOMPILE_MAX_AUTOTUNE", False, "what `mode=\"max-autotune\"` sets: time CPU kernel variants per "
+        "graph and cache the winner; widen the Triton autotuner's search (docs/modes.md)")
+    cudagraphs: bool = knob(
+        "MINICOMPILE_CUDAGRAPHS", False, "what `mode=\"reduce-overhead\"` sets: replay each compiled "
+        "graph's kernels as one recorded CUDA graph (no effect on CPU)")
+    partitioner: str = knob(
+        "MINICOMPILE_PARTITIONER", "min_cut", "how training graphs are split into forward and backward: "
+        "`min_cut` (recompute cheap elementwise chains instead of saving them) or `save_all`",
+        choices=("min_cut", "save_all"))
+
+
+# Variables read by the tests and scripts, not by the compiler: known, so not reported as typos.
+TOOL_VARIABLES = {
+    "MINICOMPILE_FUZZ_N": "programs `tests/test_fuzz.py` runs (default 200)",
+    "MINICOMPILE_FUZZ_TRAIN_N": "programs `tests/test_fuzz_train.py` runs",
+    "MINICOMPILE_GPU_DRY_RUN": "`benchmarks/gpu_check.sh` without a GPU (docs/triton.md)",
+    "MINICOMPILE_GPU_BENCH_ARGS": "replaces `benchmarks/gpu_check.sh`'s arguments to bench_gpu.py",
+    "MINICOMPILE_TEST_FLAG": "read by one front-end test of `os.environ` guards",
+}
+
+
+def knobs() -> dict:
+    """Each Config field's name and its Knob."""
+    return {f.name: f.metadata["knob"] for f in fields(Config)}
+
+
+def unknown_variables(environ=os.environ) -> list:
+    """``MINICOMPILE_*`` variables set in ``environ`` that nothing reads, each with a close match."""
+    known = [k.env for k in knobs().values()] + list(TOOL_VARIABLES)
+    found = []
+    for name in sorted(v for v in environ if v.startswith("MINICOMPILE_") and v not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        found.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return found
+
+
+def readme_table() -> str:
+    """The README's configuration table, made from the knobs themselves."""
+    rows = ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
+    for spec in knobs().values():
+        rows.append(f"| `{spec.env}` | {spec.shown_default()} | {spec.accepted()} | {spec.doc} |")
+    rows += ["", "Read by the tests and scripts only:", "", "| variable | meaning |", "|---|---|"]
+    rows += [f"| `{name}` | {doc} |" for name, doc in TOOL_VARIABLES.items()]
+    return "\n".join(rows) + "\n"
 
 
 config = Config()
+
+if unknown_variables():
+    warnings.warn(f"minicompile: ignoring unknown environment variable(s): {', '.join(unknown_variables())}; "
+                  "the README's Configuration table lists every variable")
 
 
 # torch.compile(mode=...): the knobs each mode sets (as Inductor's modes do).
@@ -153,11 +271,11 @@ def graph_knobs(mode=None, options=None) -> dict:
 
 
 def _checked(knob: str, key: str, value):
-    kind = type(getattr(Config, knob))
-    ok = isinstance(value, kind) or (kind is bool and value in (0, 1))
-    if not ok:
-        raise TypeError(f"minicompile: option {key!r} must be of type {kind.__name__}, got {value!r}")
-    return kind(value)
+    spec = knobs()[knob]
+    if not isinstance(value, type(spec.default)) and not (isinstance(spec.default, bool) and value in (0, 1)):
+        raise TypeError(f"minicompile: option {key!r} must be of type {type(spec.default).__name__}, "
+                        f"got {value!r}")
+    return spec.check(value, f"option {key!r}")
 
 
 @contextlib.contextmanager
@@ -167,6 +285,8 @@ def patch(**changes):
     unknown = set(changes) - names
     if unknown:
         raise AttributeError(f"unknown minicompile config knob(s): {sorted(unknown)}; known: {sorted(names)}")
+    specs = knobs()
+    changes = {k: specs[k].check(v, f"config knob {k!r} ({specs[k].env})") for k, v in changes.items()}
     saved = {k: getattr(config, k) for k in changes}
     for k, v in changes.items():
         setattr(config, k, v)
@@ -175,3 +295,4 @@ def patch(**changes):
     finally:
         for k, v in saved.items():
             setattr(config, k, v)
+

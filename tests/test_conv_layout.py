@@ -197,13 +197,6 @@ def test_a_layout_that_cannot_run_is_never_chosen(monkeypatch):
         assert not conv_layout.channels_last_pays([conv], weights_cached=False)   # eager's layout
 
 
-def test_unknown_conv_layout_is_an_error_naming_the_choices():
-    from minicompile.aot.conv_layout import ConvShape, channels_last_pays
-    conv = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
-    with patch(conv_layout="nhwc"), pytest.raises(ValueError, match="'auto' or 'channels_last'"):
-        channels_last_pays([conv], weights_cached=False)
-
-
 class PermutedNormThenConv(nn.Module):
     """ConvNeXt's downsampling: a LayerNorm over channels between permutes (its result is
     channels-last in eager), then a dense convolution, after an NCHW stem convolution."""

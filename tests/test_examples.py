@@ -17,3 +17,12 @@ def test_example_matches_eager(script):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "check vs eager: OK" in proc.stdout
     assert "extern" in proc.stdout or "kernel" in proc.stdout
+
+
+@pytest.mark.parametrize("script", ["mlp.py", "layernorm_softmax.py", "transformer_block.py"])
+def test_example_is_an_inspect_target(script):
+    """The README's first CLI example, `minicompile inspect examples/mlp.py`, needs `model` and
+    `example_inputs` at module level (not only under __main__)."""
+    from minicompile.tools.target import load_target
+    target = load_target(os.path.join(EXAMPLES, script))
+    assert callable(target.model) and isinstance(target.example_inputs, tuple)

@@ -1,4 +1,4 @@
-"""Layouts are a contract (DESIGN.md): what observes a buffer's layout sees eager's.
+"""Layouts are a contract (docs/architecture.md): what observes a buffer's layout sees eager's.
 
 An op that reads storage (``as_strided``, ``as_strided_scatter``) or draws random numbers in
 memory order (dropout) sees eager's layout for its input, though the channels-last passes would

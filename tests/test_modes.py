@@ -74,6 +74,17 @@ def test_reduce_overhead_on_cpu_is_logged_once_and_changes_nothing(caplog):
     assert len(notes) == 1 and "no effect on CPU" in notes[0].getMessage()
 
 
+def test_reduce_overhead_on_a_training_graph_says_it_is_not_applied(caplog):
+    backend_module._logged_once.clear()
+    x = torch.randn(4, 4, requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        compiled = minicompile_backend(traced(lambda t: ((t * 2).sin(),)), [x], mode="reduce-overhead")
+        compiled(x)[0].sum().backward()
+    notes = [r.getMessage() for r in caplog.records if "CUDA graphs" in r.getMessage()]
+    assert len(notes) == 1 and "not applied to training graphs" in notes[0]
+    assert torch.allclose(x.grad, 2 * torch.cos(2 * x.detach()))
+
+
 # -- options ------------------------------------------------------------------------------------
 def test_options_map_inductor_names_and_knob_names_to_knobs():
     assert graph_knobs(options={"triton.cudagraphs": True}) == {"cudagraphs": True}
@@ -151,7 +162,7 @@ def test_max_autotune_times_variants_on_copies_and_caches_the_winner(tmp_path, m
         out = fn(x, y)
         assert len(timed) == 1 and len(timed[0]) >= 2 and "defaults" in timed[0]
         torch.testing.assert_close(x, x0 + 1)  # timing ran on copies: x was bumped once, by the call
-        assert_matches_eager(out, bump_and_scale(x0.clone(), y))
+        assert_matches_eager(out, bump_and_scale(x0.clone(), y), atol=1e-4)
         stored = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "cpu-autotune") for f in fs
                   if f == "choice.json"]
         assert len(stored) == 1
@@ -159,7 +170,8 @@ def test_max_autotune_times_variants_on_copies_and_caches_the_winner(tmp_path, m
         monkeypatch.setattr(autotune, "fastest", lambda *a: pytest.fail("timed again"))
         torch._dynamo.reset()
         fn = torch.compile(bump_and_scale, backend="minicompile", mode="max-autotune")
-        assert_matches_eager(fn(x.clone(), y), bump_and_scale(x.clone(), y))
+        # the cached winner may sum the 512-long rows in another order than eager: float32 rounding
+        assert_matches_eager(fn(x.clone(), y), bump_and_scale(x.clone(), y), atol=1e-4)
 
 
 class CountingLinear(torch.nn.Module):

@@ -215,8 +215,6 @@ def test_products_pinned_to_onednn_run_as_its_linear_and_match_eager():
     with patch(cpu_gemm="mkl"), torch.no_grad():
         c = check(mlp, x)
         assert "mkldnn" not in c.wrapper_source
-    with patch(cpu_gemm="fastest"), pytest.raises(ValueError, match="use 'auto', 'mkl' or 'onednn'"):
-        compile_fn(mlp, x)
 
 
 def test_auto_gemm_choice_is_measured_once_and_remembered(monkeypatch):

@@ -94,7 +94,7 @@ def _build_and_run(source=SOURCE):
 # Damage is done to an entry this process has not loaded (as when another process, a full disk
 # or a crash damaged it): rewriting a mapped library in place would crash the process itself.
 @pytest.mark.parametrize("damage", ["truncate", "corrupt", "no-checksum"])
-def test_damaged_cache_entry_is_rebuilt(tmp_path, damage):
+def test_damaged_cache_entry_is_rebuilt(tmp_path, damage, caplog):
     source = SOURCE + f"// {damage}\n"
     with config_patch(cache_dir=str(tmp_path)):
         lib = cpp_build.build(source)
@@ -108,10 +108,32 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path, damage):
                 else:
                     f.seek(size // 2)
                     f.write(b"\xde\xad\xbe\xef" * 16)
-        assert not cache.is_valid(lib)
+        with caplog.at_level("WARNING", logger="minicompile"):
+            assert not cache.is_valid(lib)
+        assert "does not match its checksum; rebuilding it" in caplog.text   # a rebuild is never silent
         path, value = _build_and_run(source)  # rebuilt, never loaded damaged
         assert path == lib and cache.is_valid(lib) and os.path.getsize(lib) == size
         assert value == 42.0
+
+
+def test_cached_library_that_cannot_load_is_rebuilt_with_a_log_line(tmp_path, caplog):
+    """A library whose checksum matches but which cannot be loaded (damaged with its checksum, or
+    from another toolchain) is rebuilt once; a fresh one that still fails says to clear the cache."""
+    source = SOURCE + "// unloadable\n"
+    with config_patch(cache_dir=str(tmp_path)):
+        lib = cpp_build.build(source)
+        with open(lib, "wb") as f:
+            f.write(b"not a shared library")
+        with open(lib + ".sha256", "w") as f:
+            f.write(cache.file_checksum(lib))      # the damage carries a matching checksum
+        with caplog.at_level("WARNING", logger="minicompile"):
+            loaded = cpp_build.load(source, {"kernel0": 1})
+        assert "cannot be used; rebuilding it" in caplog.text and cache.is_valid(lib)
+        out = torch.zeros(1)
+        loaded.kernel0(out.data_ptr())
+        assert float(out[0]) == 42.0
+        with pytest.raises(cpp_build.CppCompileError, match="minicompile cache clear"):
+            cpp_build.load(source, {"kernel0": 1, "no_such_kernel": 1})
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write anywhere")

@@ -1,5 +1,5 @@
 """Structure checks, run by CI (tinygrad's sz.py idea): size budgets, imports that follow the
-layering of DESIGN.md, and an op table that its lowering, backends and docs agree with.
+layering of docs/architecture.md, and an op table that its lowering, backends and docs agree with.
 
 Each check is a plain function over data (a list of files, an import graph, a source text) and
 returns what it found wrong. The tests at the end run every check on a purpose-made violation,
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "minicompile"
 aten = torch.ops.aten
 
-# The pipeline's stages, in DESIGN.md's order. The core is these plus the top-level modules.
+# The pipeline's stages, in docs/architecture.md's order. The core is these plus the top-level modules.
 STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", "runtime")
 # The review's goal was 10,000 lines; the core measured 10,193 when this check was added. Compiled
 # optimizer steps, aliasing, mutating custom ops, modes/options, CUDA graphs, CPU autotuning, profiler
@@ -101,7 +101,7 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 CORE_LINE_BUDGET = 16_995
 MAX_FILE_LINES = 600
 
-# DESIGN.md's layering, as (importer, imported) stage pairs that must not occur.
+# docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.
 FORBIDDEN_IMPORTS = {("ir", "scheduler"), ("ir", "codegen"), ("scheduler", "codegen"), ("decomp", "lowering")}
 # Generated code imports these; of minicompile, only the runtime.
 GENERATED_MAY_IMPORT = ("torch", "triton", "minicompile.runtime")
@@ -207,7 +207,7 @@ def stage(module: str) -> str:
 
 
 def layering_violations(edges) -> list[str]:
-    """Imports that break DESIGN.md's layering: a forbidden pair of stages; a stage importing
+    """Imports that break docs/architecture.md's layering: a forbidden pair of stages; a stage importing
     the front (pipeline, backend, cli, tools, testing, report; config is everyone's); the
     runtime importing the compiler (generated code imports the runtime)."""
     bad = []

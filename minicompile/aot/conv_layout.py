@@ -116,9 +116,6 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
     downsampling convolutions (fed by its permuted LayerNorm) tipped it to the NCHW trace, where
     its stem's LayerNorm then read NCHW rows with a stride (0.5 ms).
     """
-    if config.conv_layout not in ("auto", "channels_last"):
-        raise ValueError(f"minicompile: conv_layout (MINICOMPILE_CONV_LAYOUT) is {config.conv_layout!r}; "
-                         "use 'auto' or 'channels_last'")
     if config.conv_layout == "channels_last":
         return True
     same_both_ways = Counter(eager_channels_last or {})

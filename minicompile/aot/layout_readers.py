@@ -1,6 +1,6 @@
 """Ops that observe a tensor's memory layout, and the check that they see eager's.
 
-Layouts are a contract (DESIGN.md): ``as_strided(y, size, stride)`` reads ``y``'s storage with
+Layouts are a contract (docs/architecture.md): ``as_strided(y, size, stride)`` reads ``y``'s storage with
 strides relative to the layout eager gave ``y``; ``as_strided_scatter`` writes through such a
 view of a copy of ``y``; ``set_`` with a geometry, ``stride()`` and ``data_ptr()`` read it too.
 Random ops that fill ``empty_like(y)`` (dropout, ``rand_like``, in-place ``bernoulli_``/

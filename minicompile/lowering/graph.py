@@ -301,7 +301,16 @@ def user_sources(gm: torch.fx.GraphModule) -> dict:
         trace = node.meta.get("stack_trace")
         if trace:
             out[node.name] = _last_frame(trace)
+        elif node.meta.get("nn_module_stack"):   # code inside torch's own modules (nn.Sequential's children)
+            path, kind = list(node.meta["nn_module_stack"].values())[-1]
+            out[node.name] = f"module {_module_path(path)} ({getattr(kind, '__name__', kind)})"
     return out
+
+
+def _module_path(source: str) -> str:
+    """Dynamo's ``L['fn'].0`` or ``L['self'].layers[0]`` -> ``0`` / ``layers[0]``: the user's path."""
+    path = re.sub(r"^L\['\w+'\]\.?", "", source)
+    return path or "(the model)"
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')

@@ -7,11 +7,14 @@ unwritable cache directory degrades to a temporary one, with one warning.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
 import threading
 import warnings
+
+log = logging.getLogger("minicompile")
 
 from minicompile.config import config
 
@@ -72,13 +75,27 @@ def entry_dir(kind: str, key: str) -> str:
 
 
 def is_valid(path: str) -> bool:
-    """The artifact exists and matches the checksum written when it was built."""
+    """The artifact exists and matches the checksum written when it was built. An artifact that
+    exists but does not match (truncated, corrupted, its checksum lost) is logged, to be rebuilt."""
     try:
         with open(path + ".sha256") as f:
             expected = f.read().strip()
-        return expected == file_checksum(path)
+        if expected == file_checksum(path):
+            return True
     except OSError:
-        return False
+        pass
+    if os.path.exists(path):
+        log.warning("minicompile: cache entry %s does not match its checksum; rebuilding it", path)
+    return False
+
+
+def invalidate(path: str) -> None:
+    """Forget an artifact that matched its checksum but cannot be used: the next build replaces it."""
+    log.warning("minicompile: cache entry %s cannot be used; rebuilding it", path)
+    try:
+        os.remove(path + ".sha256")
+    except OSError:
+        pass
 
 
 def commit(tmp_path: str, final_path: str) -> None:

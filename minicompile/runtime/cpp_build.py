@@ -175,4 +175,16 @@ class KernelLibrary:
 
 
 def load(source: str, kernels: dict, units: tuple = ()) -> KernelLibrary:
-    return KernelLibrary(build(source, units), kernels)
+    """The built library, loaded. A cached library that cannot be loaded (its checksum matched,
+    but the file was built by another toolchain or damaged with its checksum) is rebuilt once."""
+    path = build(source, units)
+    try:
+        return KernelLibrary(path, kernels)
+    except (OSError, AttributeError):
+        cache.invalidate(path)
+    path = build(source, units)
+    try:
+        return KernelLibrary(path, kernels)
+    except (OSError, AttributeError) as e:
+        raise CppCompileError(f"the freshly built kernel library {path} cannot be loaded ({e}); "
+                              f"if this repeats, run `minicompile cache clear` (cache: {cache.cache_root()})") from e

@@ -16,6 +16,7 @@ followed by the gradients of the inputs and parameters, compiled and eager.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Callable
 
 import torch
@@ -84,8 +85,7 @@ def capture_dynamo(model, example_inputs: tuple, train: bool = False) -> Capture
     names: dict = {}
 
     def recording_backend(gm, inputs):
-        context = torch._guards.TracingContext.try_get()
-        names[gm] = context.traced_code[0].co_name if context and context.traced_code else ""
+        names[gm] = _graph_name(torch._guards.TracingContext.try_get(), model)
         return backend(gm, inputs)
 
     torch._dynamo.reset()
@@ -105,6 +105,16 @@ def capture_dynamo(model, example_inputs: tuple, train: bool = False) -> Capture
     guards = [_guard_record(g, frame_locals) for g in explained.out_guards]
     report.entries = [EntryRecord(names[backend.order[0]] if backend.order else "", 0, guards, "")]
     return report
+
+
+def _graph_name(context, model) -> str:
+    """The user's function a graph came from: the first traced code outside torch (Dynamo's first
+    is often its own wrapper, e.g. ``inner``), else the model's class or function name."""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    for code in (context.traced_code if context else None) or ():
+        if not code.co_filename.startswith(torch_dir):
+            return code.co_name
+    return type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
 
 
 def _run_inference(fn, example_inputs: tuple, model=None):

@@ -252,7 +252,7 @@ def _contextmanager(tracer: Tracer, fn, args, kwargs) -> GenContext:
     if not isinstance(gen, LazyIter):
         raise GraphBreak(f"contextmanager over {describe(func)}, which is not a generator function")
     gen.managed = True
-    return GenContext(gen)
+    return GenContext(gen, fn, list(args), dict(kwargs))
 
 
 def _contextmanager_exit(fn: GenContextExit, args):

@@ -375,6 +375,9 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if over is not NULL:
         return over
     if tracer.is_new(obj):
+        hook = inspect.getattr_static(type(obj), "__getattribute__", None) if hooks else None
+        if isinstance(hook, types.FunctionType):   # a Python __getattribute__ decides: inline it
+            return tracer.call(hook, [obj, name], {})
         return objects.new_attr(tracer, obj, name)
     if type(obj) is super:
         return objects.super_attr(tracer, obj, name)

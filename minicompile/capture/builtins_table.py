@@ -313,6 +313,15 @@ def _setattr(tracer: Tracer, args, kwargs):
     return None
 
 
+@builtin(builtins.delattr)
+def _delattr(tracer: Tracer, args, kwargs):
+    obj, name = args
+    if type(name) is not str:
+        raise GraphBreak("delattr with a name that is not a constant string")
+    semantics.delattr_(tracer, obj, name)
+    return None
+
+
 @builtin(builtins.abs)
 def _abs(tracer: Tracer, args, kwargs):
     (v,) = args

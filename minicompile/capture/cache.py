@@ -23,7 +23,7 @@ from minicompile.capture.dynamic import FrameSizes
 from minicompile.capture.explain import CaptureReport, FallbackRecord, GraphBreakError, RecompileRecord
 from minicompile.capture.fallback import try_fx
 from minicompile.capture.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
-from minicompile.capture.native import NativeEntry
+from minicompile.capture.native import NativeEntry, unwind
 from minicompile.capture.segment import MISS, CannotCapture, trace_segment
 from minicompile.config import config
 
@@ -172,6 +172,11 @@ class CodeCache:
                 # call compiled, and run later calls eagerly from the start.
                 self._go_eager(guard, offset)
         return self.new_resume_entry(offset, L).run(L)
+
+    def unwind(self, offset: int, error: BaseException, locals_: list, cells: list, stack: list):
+        """``error`` raised where a break ran the instruction at ``offset`` in Python: to the
+        frame's handler for it (run in Python), or out of the frame (native.unwind)."""
+        return unwind(self, offset, error, locals_, cells, stack)
 
     def new_resume_entry(self, offset: int, L: tuple, record: bool = True):
         """Trace the frame from ``offset``; where impossible (too late for fx/eager) run it in Python

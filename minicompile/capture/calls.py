@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
+import copyreg
+import functools
 import inspect
 import math
 import numbers
@@ -24,7 +27,7 @@ from minicompile.capture.interpreter import BROKEN_GENERATORS, generator, run_fr
 from minicompile.capture import objects, semantics
 from minicompile.capture.dynamic import concrete
 from minicompile.capture.semantics import is_plain
-from minicompile.capture.tracer import Tracer
+from minicompile.capture.tracer import _DELETED, Tracer
 from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
                                            GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
                                            SymFunction, refuse_opaque,
@@ -178,8 +181,13 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return call(tracer, GradModeFunction(*inner), args, kwargs)
     if getattr(fn, "__code__", None) is _CONTEXTMANAGER_HELPER:
         return _contextmanager(tracer, fn, args, kwargs)
+    if fn is copy.deepcopy:
+        return _deepcopy(tracer, args, kwargs)
     if fn is inspect.signature:
         return _signature(args, kwargs)
+    if isinstance(fn, types.MethodType) and fn.__name__ == "apply" and isinstance(fn.__self__, type) \
+            and issubclass(fn.__self__, torch.autograd.Function):
+        return _function_apply(tracer, fn.__self__, args, kwargs)
     if is_torch_callable(fn):
         try:
             return tracer.call_graph("call_function", fn, tuple(args), kwargs,
@@ -194,6 +202,8 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return call(tracer, fn.__func__, [fn.__self__, *args], kwargs)
+    if type(fn) is functools.partial and tracer.source_of(fn) is not None:
+        return _partial(tracer, fn, args, kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) in _CONSTANT_TYPES and not contains_symbolic(
             (fn.__self__, args, kwargs)):
         # str.startswith, int.bit_length, ...: pure on constants; a size as its value ("{}".format(n))
@@ -214,6 +224,113 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
     if isinstance(fn, type) and not fn.__module__.startswith(_LIBRARY_MODULES):
         return objects.instantiate(tracer, fn, args, kwargs)
     raise GraphBreak(f"call to {describe(fn)} is not supported by the tracer")
+
+
+_PLAIN = (type(None), bool, int, float, str, torch.dtype)
+
+
+def same_data(a, b) -> bool:
+    """``a == b`` for plain data (constants, lists, tuples, dicts), types included (1 is not True)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_data(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _plain_data(v, depth: int = 0) -> bool:
+    if type(v) in _PLAIN:
+        return True
+    if type(v) in (list, tuple) and depth < 4:
+        return all(_plain_data(x, depth + 1) for x in v)
+    return type(v) is dict and depth < 4 and all(type(k) in _PLAIN and _plain_data(x, depth + 1) for k, x in v.items())
+
+
+def _default_copy(cls: type) -> bool:
+    """Copied by Python's default protocol (``__reduce_ex__`` -> ``__dict__`` copied, no user code)."""
+    return (cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
+            and cls.__getstate__ is object.__getstate__ and not hasattr(cls, "__setstate__")
+            and not hasattr(cls, "__deepcopy__") and cls not in copyreg.dispatch_table
+            and "__slots__" not in cls.__dict__ and type(cls) is type)
+
+
+def _deepcopy(tracer: Tracer, args, kwargs):
+    """``copy.deepcopy(x)`` of plain data, or of an object whose state is plain data (HF's
+    configs, copied by ``get_text_config``), read from a source or made in this trace: copied
+    now, a new object of the trace. A source's state, which the copy depends on, is guarded
+    (``same_data``), and this trace's writes to it apply."""
+    obj = args[0] if len(args) == 1 and not kwargs else None
+    if type(obj) in (list, tuple, dict) and _plain_data(obj):
+        return copy.deepcopy(obj)   # its items are the trace's constants, guarded where read
+    src = tracer.source_of(obj) if obj is not None else None
+    state = getattr(obj, "__dict__", None)
+    if not (src or tracer.is_new(obj)) or type(state) is not dict or not _default_copy(type(obj)) \
+            or not _plain_data(state):
+        raise GraphBreak(f"copy.deepcopy of {describe(obj)} (copied while tracing: plain data, or an object "
+                         f"whose state is plain data)")
+    if not tracer.is_new(obj):
+        tracer.guards.add(f"{tracer.ns.const(same_data, 'same_data')}({src}.__dict__, "
+                          f"{tracer.ns.const(copy.deepcopy(state), 'state')})")
+    result = copy.deepcopy(obj)
+    for (owner, name), written in tracer.attr_overlay.items():
+        if owner != id(obj):
+            continue
+        if written is _DELETED:
+            result.__dict__.pop(name, None)
+        elif _plain_data(written):
+            result.__dict__[name] = copy.deepcopy(written)
+        else:
+            raise GraphBreak(f"copy.deepcopy of {describe(obj)} after this trace wrote a non-constant to it")
+    tracer.add_new(result)
+    return result
+
+
+class FunctionCtx:
+    """The ``ctx`` a custom autograd.Function's forward gets where no backward can be needed."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _function_apply(tracer: Tracer, cls: type, args, kwargs):
+    """``MyFunction.apply(...)`` (BLOOM's GeLUFunction) where nothing requires grad: its
+    ``forward`` inlined, run with grad off as ``apply`` runs it; with inputs that require grad
+    its backward would be needed: a break."""
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, TensorVar)]
+    if tracer.grad_enabled and any(v.fake.requires_grad for v in tensors):
+        raise GraphBreak(f"{cls.__name__}.apply on tensors that require grad (its backward is not traced)")
+    forward = inspect.getattr_static(cls, "forward")
+    if not isinstance(forward, staticmethod) or not isinstance(forward.__func__, types.FunctionType):
+        raise GraphBreak(f"{cls.__name__}.forward is not a Python staticmethod")
+    if cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context:
+        raise GraphBreak(f"{cls.__name__} has a separate setup_context")
+    ctx = objects.instantiate(tracer, FunctionCtx, [], {})
+    restore = tracer.grad_enabled
+    tracer.set_grad(False)
+    result = call(tracer, forward.__func__, [ctx, *args], kwargs)
+    tracer.set_grad(restore)
+    return result
+
+
+def _partial(tracer: Tracer, fn: functools.partial, args, kwargs):
+    """A ``functools.partial`` read from a source (HF's ``self.act = partial(F.gelu, ...)``): its
+    function, arguments and keywords read through that source, then called as Python would."""
+    src = tracer.source_of(fn)
+    func = tracer.wrap(fn.func, f"{src}.func")
+    bound = tracer.wrap(fn.args, f"{src}.args")
+    keywords = tracer.wrap(fn.keywords, f"{src}.keywords")
+    return call(tracer, func, [*bound, *args], {**keywords, **kwargs})
 
 
 def _is_numpy_type_info(fn) -> bool:
@@ -252,7 +369,7 @@ def _contextmanager(tracer: Tracer, fn, args, kwargs) -> GenContext:
     if not isinstance(gen, LazyIter):
         raise GraphBreak(f"contextmanager over {describe(func)}, which is not a generator function")
     gen.managed = True
-    return GenContext(gen)
+    return GenContext(gen, fn, list(args), dict(kwargs))
 
 
 def _contextmanager_exit(fn: GenContextExit, args):

@@ -17,10 +17,10 @@ import torch
 from minicompile.capture import objects
 from minicompile.capture.guards import Namespace
 from minicompile.capture.tracer import _DELETED, Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GradModeCtx, GradModeExit, GradModeFunction, GradRestore,
-                                           GraphBreak, OpaqueValue, ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter,
-                                           TensorMethod, TensorVar, contains_symbolic, real_grad_ctx,
-                                           unfinished)
+from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                           GradModeFunction, GradRestore, GraphBreak, OpaqueValue, OpenGenContext,
+                                           ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                           TensorVar, contains_symbolic, real_grad_ctx, unfinished)
 
 
 def _mkcell():
@@ -153,6 +153,14 @@ class Reifier:
             return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})"
         if isinstance(v, GradModeFunction):
             return f"{self.ns.const(real_grad_ctx, 'grad_ctx')}({v.enabled})({self.expr(v.func)})"
+        if isinstance(v, GenContext):
+            args = "".join(f"{self.expr(a)}, " for a in v.args)
+            kwargs = "".join(f"{k!r}: {self.expr(a)}, " for k, a in v.kwargs.items())
+            return self._temp(v, f"{self.ns.const(v.fn, 'cm')}(*({args}), **{{{kwargs}}})")
+        if isinstance(v, GenContextExit):
+            if v.enter_offset is None:
+                raise GraphBreak("a with-block over a traced @contextmanager is open in an inlined call")
+            raise OpenGenContext(v.enter_offset)
         if isinstance(v, GradModeExit):
             return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
         if isinstance(v, torch.Tensor):

@@ -39,9 +39,9 @@ _UNMODELED = {
     "GET_AWAITABLE": "await",
     "BEFORE_ASYNC_WITH": "async with",
 }
-# Only reached while an exception propagates, which traced code never does (a Python error
-# while tracing is a graph break, and a break inside a try block is not split: see
-# ``CodeInfo.in_try``).
+# Only reached while an exception propagates, which traced code never does: a Python error
+# while tracing is a graph break, and an exception raised where a break runs in Python is
+# handled there (``handler_for``, native.py runs the handler).
 _EXCEPTION_PATH_ONLY = {"PUSH_EXC_INFO", "RERAISE", "POP_EXCEPT", "CHECK_EXC_MATCH", "WITH_EXCEPT_START",
                         "CLEANUP_THROW", "END_ASYNC_FOR"}
 
@@ -52,11 +52,8 @@ class CodeInfo:
     index_of: dict
     lines: dict           # offset -> line number
     unsupported: str | None
-    # Why a graph break in this code cannot be split (a try block, or a with-block over
-    # something other than grad mode): code run natively from a break would not see the
-    # handler or ``__exit__`` if it raised. None when breaks can be split.
-    unsplittable: str | None = None
     handles_exceptions: bool = False   # has a try or with block (PUSH_EXC_INFO)
+    handlers: tuple = ()               # the exception table: (start, end, target, depth, lasti)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -69,8 +66,18 @@ def code_info(code: types.CodeType) -> CodeInfo:
         if starts.get(inst.offset) is not None:
             line = starts[inst.offset]
         lines[inst.offset] = line
-    return CodeInfo(insts, index_of, lines, _scan(code, insts), _unsplittable(insts),
-                    any(inst.opname == "PUSH_EXC_INFO" for inst in insts))
+    return CodeInfo(insts, index_of, lines, _scan(code, insts),
+                    any(inst.opname == "PUSH_EXC_INFO" for inst in insts),
+                    tuple(tuple(e) for e in dis._parse_exception_table(code)))
+
+
+def handler_for(code: types.CodeType, offset: int):
+    """The exception table's entry for an exception raised at ``offset``: (start, end, target,
+    stack depth, push lasti), or None when it leaves the frame."""
+    for entry in code_info(code).handlers:
+        if entry[0] <= offset < entry[1]:
+            return entry
+    return None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -91,29 +98,6 @@ def frame_value_names(code: types.CodeType, offset: int) -> list:
     if offset == 0:
         return [*arg_names(code), *code.co_freevars]
     return [*code.co_varnames, *code.co_cellvars, *code.co_freevars]
-
-
-def _unsplittable(insts: list) -> str | None:
-    for i, inst in enumerate(insts):
-        if inst.opname == "PUSH_EXC_INFO" and insts[i + 1].opname != "WITH_EXCEPT_START":
-            return "a try block"
-        if inst.opname == "BEFORE_WITH" and not _is_grad_mode_with(insts, i):
-            return "a with-block over a context manager other than grad mode"
-    return None
-
-
-_GRAD_CTX_NAMES = {"no_grad", "enable_grad"}
-_CALL_SETUP = {"PRECALL", "CALL", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
-
-
-def _is_grad_mode_with(insts: list, i: int) -> bool:
-    """Does the with-statement at ``insts[i]`` read ``no_grad``/``enable_grad`` and call it?
-    (A break inside such a block is split: the resumed code restores grad mode.)"""
-    j = i - 1
-    while j >= 0 and insts[j].opname in _CALL_SETUP:
-        j -= 1
-    return j >= 0 and insts[j].argval in _GRAD_CTX_NAMES and insts[j].opname in (
-        "LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST")
 
 
 def _scan(code: types.CodeType, insts: list) -> str | None:
@@ -253,4 +237,4 @@ def arg_names(code: types.CodeType) -> tuple:
     return code.co_varnames[:n]
 
 
-__all__ = ["Frame", "code_info", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312"]
+__all__ = ["Frame", "code_info", "handler_for", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312"]

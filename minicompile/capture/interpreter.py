@@ -277,7 +277,7 @@ def _before_with(frame, inst):
         if value is NULL:
             raise GraphBreak("RuntimeError: generator didn't yield (contextmanager)")
         frame.pop()
-        frame.push(GenContextExit(ctx.gen))
+        frame.push(GenContextExit(ctx.gen, inst.offset if frame.depth == 0 else None))
         frame.push(value)
         return
     if not isinstance(ctx, GradModeCtx):

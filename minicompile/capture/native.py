@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 
-from minicompile.capture.frame import code_info
+from minicompile.capture.frame import code_info, handler_for
 from minicompile.capture.registry import HANDLERS   # filled by interpreter.py and ops_data.py
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.variables import NULL
@@ -39,10 +39,36 @@ def _make_function(s, inst):
     s.push(fn)
 
 
-# Opcodes whose interpreter handler records into the trace: their real-Python meaning.
+def _push_exc_info(s, inst):
+    exc = s.pop()
+    s.push(s.exc_info)     # restored by POP_EXCEPT when the handler is left
+    s.exc_info = exc
+    s.push(exc)
+
+
+def _pop_except(s, inst):
+    s.exc_info = s.pop()
+
+
+def _reraise(s, inst):
+    raise s.pop()
+
+
+def _raise(s, inst):
+    if inst.arg == 0:      # a bare ``raise`` in a handler: the exception being handled
+        if s.exc_info is None:
+            raise RuntimeError("No active exception to reraise")
+        raise s.exc_info
+    NATIVE_STEPS["RAISE_VARARGS"](types.SimpleNamespace(inst=inst), s.stack)
+
+
+# Opcodes whose interpreter handler records into the trace, or that read the exception being
+# handled (which only this frame's state holds): their real-Python meaning.
 _REAL = {"LOAD_DEREF": lambda s, inst: s.push(s.cells[inst.argval].cell_contents),
          "STORE_DEREF": lambda s, inst: setattr(s.cells[inst.argval], "cell_contents", s.pop()),
-         "MAKE_FUNCTION": _make_function}
+         "STORE_GLOBAL": lambda s, inst: s.globals.__setitem__(inst.argval, s.pop()),
+         "MAKE_FUNCTION": _make_function, "PUSH_EXC_INFO": _push_exc_info, "POP_EXCEPT": _pop_except,
+         "RERAISE": _reraise, "RAISE_VARARGS": _raise}
 
 
 class _State:
@@ -54,6 +80,15 @@ class _State:
         self.code, self.globals = cache.code, cache.globals
         self.locals, self.cells, self.stack = locals_, cells, stack
         self.kw_names, self.returned, self.return_value, self.yields, self.target = (), False, None, None, None
+        self.exc_info = None   # the exception a handler running here is handling
+
+    @classmethod
+    def of(cls, cache, values: tuple) -> "_State":
+        """The state from a frame's values: its locals, cells, closure cells, then its stack."""
+        names, cell_names = cache.code.co_varnames, cache.code.co_cellvars + cache.code.co_freevars
+        first = len(names) + len(cell_names)
+        return cls(cache, {n: v for n, v in zip(names, values) if v is not NULL},
+                   dict(zip(cell_names, values[len(names):first])), list(values[first:]))
 
     def push(self, v):
         self.stack.append(v)
@@ -77,19 +112,21 @@ class NativeEntry:
 
     def __init__(self, cache, offset: int, reason: str, where: str | None):
         self.cache, self.offset, self.reason, self.where = cache, offset, reason, where
-        self.info = code_info(cache.code)
         self._actions: dict[int, BreakAction] = {}
         self.fast = self.run
 
     def run(self, L: tuple):
         code, cache = self.cache.code, self.cache
         names, cell_names = code.co_varnames, code.co_cellvars + code.co_freevars
-        first = len(names) + len(cell_names)
-        s = _State(cache, {n: v for n, v in zip(names, L) if v is not NULL},
-                   dict(zip(cell_names, L[len(names):first])), list(L[first:]))
+        s = _State.of(cache, L)
         offset = self.offset
         while True:
-            offset = self._step(s, offset)
+            try:
+                next_offset = _step(cache, self._actions, s, offset, self.reason, self.where)
+            except BaseException as e:   # noqa: B036 -- the frame's handlers decide
+                error = e
+                break
+            offset = next_offset
             if s.returned:
                 return s.return_value
             if s.kw_names:
@@ -103,27 +140,60 @@ class NativeEntry:
                 return entry.run(state)
             if not (len(entries) == 1 and isinstance(entries[0], NativeEntry)):
                 return cache.resume(offset, state)
-
-    def _step(self, s: _State, offset: int) -> int:
-        """Execute the instruction at ``offset`` on ``s``; the offset of the next one."""
-        index = self.info.index_of[offset]
-        inst = self.info.insts[index]
-        handler = HANDLERS[inst.opname] if inst.opname in _VALUE_MOVES else _REAL.get(inst.opname)
-        if handler is not None:
-            s.target = None
-            handler(s, inst)
-            if s.target is not None or s.returned:
-                return s.target
-            return self.info.insts[index + 1].offset
-        if inst.opname not in NATIVE_STEPS:
-            raise RuntimeError(f"minicompile capture: cannot resume {self.cache.code.co_name}() after a graph "
-                               f"break ({self.reason} at {self.where}): {inst.opname} has no Python step. "
-                               f"Run it without minicompile.compile, or move the construct into a helper.")
-        action = self._actions.get(offset)
-        if action is None:
-            action = self._actions[offset] = BreakAction(self.cache, inst, s.kw_names, self.reason, self.where)
-        s.kw_names = ()
-        return action.step(action, s.stack)
+        return _run_handlers(cache, s, offset, error, self._actions)
 
 
-__all__ = ["NativeEntry"]
+def unwind(cache, offset: int, error: BaseException, locals_: list, cells: list, stack: list):
+    """``error`` was raised by the instruction at ``offset`` of a frame running after a graph
+    break. Where the frame's exception table covers it (try/except/finally, a with-block's
+    ``__exit__``), the handler runs in Python, and so does the rest of the frame (exception
+    paths are not traced); otherwise it leaves the frame."""
+    return _run_handlers(cache, _State.of(cache, (*locals_, *cells, *stack)), offset, error, {})
+
+
+def _run_handlers(cache, s: _State, offset: int, error: BaseException, actions: dict):
+    while True:
+        if error is not None:
+            handler = handler_for(cache.code, offset)
+            if handler is None:
+                raise error
+            _, _, target, depth, lasti = handler
+            del s.stack[depth:]
+            if lasti:
+                s.push(offset)
+            s.push(error)
+            offset, error = target, None
+        try:
+            next_offset = _step(cache, actions, s, offset, "an exception handler", None)
+        except BaseException as e:   # noqa: B036 -- unwound at the top of the loop
+            error = e
+            continue
+        offset = next_offset
+        if s.returned:
+            return s.return_value
+
+
+def _step(cache, actions: dict, s: _State, offset: int, reason: str, where: str | None) -> int:
+    """Execute the instruction at ``offset`` on ``s``; the offset of the next one."""
+    info = code_info(cache.code)
+    index = info.index_of[offset]
+    inst = info.insts[index]
+    handler = HANDLERS[inst.opname] if inst.opname in _VALUE_MOVES else _REAL.get(inst.opname)
+    if handler is not None:
+        s.target = None
+        handler(s, inst)
+        if s.target is not None or s.returned:
+            return s.target
+        return info.insts[index + 1].offset
+    if inst.opname not in NATIVE_STEPS:
+        raise RuntimeError(f"minicompile capture: cannot resume {cache.code.co_name}() after a graph "
+                           f"break ({reason} at {where}): {inst.opname} has no Python step. "
+                           f"Run it without minicompile.compile, or move the construct into a helper.")
+    action = actions.get(offset)
+    if action is None:
+        action = actions[offset] = BreakAction(cache, inst, s.kw_names, reason, where)
+    s.kw_names = ()
+    return action.step(action, s.stack)
+
+
+__all__ = ["NativeEntry", "unwind"]

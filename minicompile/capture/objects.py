@@ -186,6 +186,8 @@ def super_attr(tracer, sup: super, name: str):
             break
     else:
         raise MissingAttribute(f"AttributeError: 'super' object has no attribute {name!r}")
+    if attr is object.__getattribute__ and tracer.is_new(obj):   # the plain path, values may be symbolic
+        return TracerCall(lambda tracer, args, kwargs: new_attr(tracer, obj, *args, **kwargs))
     if isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)) and not tracer.is_new(obj):
         base = _SOURCED_C_METHODS.get((k, name))
         if base is None:

@@ -37,8 +37,16 @@ class BreakAction:
         self.step = NATIVE_STEPS[inst.opname]
 
     def __call__(self, locals_: list, cells: list, stack: list):
-        offset = self.step(self, stack)
-        return self.cache.resume(offset, (*locals_, *cells, *stack))
+        try:
+            offset = self.step(self, stack)
+        except BaseException as e:   # noqa: B036 -- a try/with block of the frame may handle it
+            error = e
+        else:
+            return self.cache.resume(offset, (*locals_, *cells, *stack))
+        # Raised by this instruction: the frame's exception table says where it goes (a
+        # handler runs in Python, native.unwind). What the resumed code raises was either
+        # unwound where it was raised or came from a graph; it passes through unchanged.
+        return self.cache.unwind(self.inst.offset, error, locals_, cells, stack)
 
     def __repr__(self):
         return f"<graph break at {self.where}: {self.reason}>"
@@ -231,6 +239,38 @@ def _build_set(action, stack):
     del stack[len(stack) - n:]
     stack.append(set(items))
     return action.next_offset
+
+
+@native("BEFORE_WITH")
+def _before_with(action, stack):
+    ctx = stack.pop()
+    exit_ = type(ctx).__exit__.__get__(ctx)   # looked up on the type, before __enter__, as CPython
+    stack.append(exit_)
+    stack.append(type(ctx).__enter__(ctx))
+    return action.next_offset
+
+
+@native("CHECK_EXC_MATCH")
+def _check_exc_match(action, stack):
+    kind = stack.pop()
+    stack.append(isinstance(stack[-1], kind))
+    return action.next_offset
+
+
+@native("WITH_EXCEPT_START")
+def _with_except_start(action, stack):
+    exc = stack[-1]   # below it: the previous exception, lasti, then the block's __exit__
+    stack.append(stack[-4](type(exc), exc, exc.__traceback__))
+    return action.next_offset
+
+
+@native("IMPORT_FROM")
+def _import_from(action, stack):
+    stack.append(getattr(stack[-1], action.inst.argval))   # the module stays below
+    return action.next_offset
+
+
+NATIVE_STEPS["DELETE_ATTR"] = _effect(1, lambda inst, obj: delattr(obj, inst.argval))
 
 
 @native("RAISE_VARARGS")

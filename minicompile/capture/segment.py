@@ -23,8 +23,9 @@ from minicompile.capture.guards import Guards, check_source
 from minicompile.capture.interpreter import StopAtBreak, run_frame
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (NULL, GradModeFunction, GraphBreak, SpecialiseScalar, SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar, unfinished)
+from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeFunction, GraphBreak, OpenGenContext,
+                                           SpecialiseScalar, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                           TensorVar, unfinished)
 
 MAX_RESTARTS = 64
 
@@ -89,6 +90,11 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
             try:
                 return _build_entry(cache, tracer, offset, L, frame, break_offset=stop.offset,
                                     reason=forced[stop.offset])
+            except OpenGenContext as e:   # Python enters that with-block instead
+                if e.enter_offset in forced:
+                    raise CannotCapture(e.reason, forced[stop.offset][1]) from None
+                forced[e.enter_offset] = forced[stop.offset]
+                continue
             except GraphBreak as e:
                 raise CannotCapture(f"graph break at {forced[stop.offset][1]} "
                                     f"({forced[stop.offset][0]}) cannot be split: {e.reason}",
@@ -107,10 +113,6 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
                 if inst.opname in NATIVE_STEPS:
                     if cache.ctx.fullgraph:   # before the graph so far is compiled
                         raise GraphBreakError(cache.code.co_name, e.reason, e.where or frame.where())
-                    if frame.info.unsplittable:
-                        raise CannotCapture(f"{e.reason}; {cache.code.co_name}() has "
-                                            f"{frame.info.unsplittable} (try/with-block), where a "
-                                            f"break is not split", e.where) from None
                     forced[top] = (e.reason, e.where or frame.where())
                     continue
             raise CannotCapture(e.reason, e.where) from None
@@ -177,6 +179,10 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
             todo.append(v.tensor)
         elif isinstance(v, GradModeFunction):
             todo.append(v.func)
+        elif isinstance(v, GenContext):
+            todo.extend((v.args, v.kwargs))
+        elif isinstance(v, GenContextExit) and v.enter_offset is not None:
+            raise OpenGenContext(v.enter_offset)   # before the graph so far is compiled
 
 
 _INPLACE_FUNCTIONS = {operator.setitem, operator.iadd, operator.isub, operator.imul,

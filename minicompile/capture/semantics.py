@@ -150,8 +150,16 @@ def truth(tracer: Tracer, v) -> bool:
     cls = type(v)
     if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
         return True
-    if tracer.is_new(v) and not any(isinstance(inspect.getattr_static(cls, m, None), types.FunctionType)
-                                    for m in ("__bool__", "__len__")):
+    for method, kind in (("__bool__", bool), ("__len__", int)):   # Python asks __bool__, then __len__
+        fn = inspect.getattr_static(cls, method, None)
+        if isinstance(fn, types.FunctionType):   # written in Python: inlined
+            result = tracer.call(fn, [v], {})
+            if type(result) is not kind:
+                raise GraphBreak(f"{cls.__name__}.{method} returned a {type(result).__name__}")
+            return bool(result)
+        if fn is not None:
+            break
+    if tracer.is_new(v):
         return bool(v)   # a builtin base's length: how many items the traced object holds
     raise GraphBreak(f"truth value of a {cls.__name__} runs user code (__bool__/__len__)")
 
@@ -375,6 +383,9 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if over is not NULL:
         return over
     if tracer.is_new(obj):
+        hook = inspect.getattr_static(type(obj), "__getattribute__", None) if hooks else None
+        if isinstance(hook, types.FunctionType):   # a Python __getattribute__ decides: inline it
+            return tracer.call(hook, [obj, name], {})
         return objects.new_attr(tracer, obj, name)
     if type(obj) is super:
         return objects.super_attr(tracer, obj, name)

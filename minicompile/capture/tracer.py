@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from minicompile.capture import dynamic
 from minicompile.capture.guards import Guards, Namespace
 from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
-                                           ResumeIter, ScalarVar, SymCell, SymIter, TensorMethod, TensorVar,
+                                           ResumeIter, ScalarVar, SymBoundMethod, SymCell, SymIter, TensorMethod, TensorVar,
                                            refuse_opaque)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
@@ -230,6 +230,13 @@ class Tracer:
             if isinstance(owner, TensorVar):
                 return TensorMethod(owner, value.__name__)
             return getattr(owner, value.__name__)
+        if type(value) is types.MethodType and type(value.__func__) is types.FunctionType \
+                and _frame_value(source) and not isinstance(value.__self__, (type, types.ModuleType)):
+            # a bound method made per read (a with-block's ``ctx.__exit__`` handed over at a
+            # break): guard its function and its object, not the method's identity
+            g.type_is(source, types.MethodType)
+            g.add(f"{source}.__func__ is {self.ns.const(value.__func__, 'fn')}")
+            return SymBoundMethod(value.__func__, self.wrap(value.__self__, f"{source}.__self__"))
         if type(value) is ResumeIter:
             g.type_is(source, ResumeIter)
             g.add(f"{source}.pos == 0")

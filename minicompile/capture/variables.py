@@ -135,14 +135,30 @@ def unfinished(v) -> bool:
 
 @dataclass(eq=False)
 class GenContext:
-    """``cm(...)`` for a ``@contextlib.contextmanager`` function: its generator, not yet entered."""
+    """``cm(...)`` for a ``@contextlib.contextmanager`` function: its generator, not yet entered.
+    Handed to Python at a break it is ``cm(*args, **kwargs)`` again (nothing has run yet)."""
     gen: LazyIter
+    fn: Any = None
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)
 class GenContextExit:
-    """The ``__exit__`` of an entered GenContext: resumes the generator after its ``yield``."""
+    """The ``__exit__`` of an entered GenContext: resumes the generator after its ``yield``.
+    ``enter_offset``: the top frame's BEFORE_WITH that entered it (None in an inlined frame)."""
     gen: LazyIter
+    enter_offset: int | None = None
+
+
+class OpenGenContext(GraphBreak):
+    """A break inside a ``with`` block over a traced contextmanager, whose suspended generator
+    exists only in the tracer: the break moves to the BEFORE_WITH that entered the block, so
+    Python enters it and the block's code resumes with the real ``__exit__`` on the stack."""
+
+    def __init__(self, enter_offset: int):
+        super().__init__("a graph break inside a with-block over a traced @contextmanager")
+        self.enter_offset = enter_offset
 
 
 class _EmptyCell:

@@ -148,7 +148,7 @@ def test_try_finally_and_python_context_manager():
     assert tr.log == ["in", "out"] and report.graph_count == 1 and not report.fallbacks
 
 
-def test_with_block_break_falls_back_whole_and_still_exits():
+def test_with_block_break_is_split_and_still_exits():
     class Track:
         log: list = []
 
@@ -165,7 +165,8 @@ def test_with_block_break_falls_back_whole_and_still_exits():
         return y
 
     report = explain(f)(t(3))
-    assert same(report.output, t(3) * 2) and report.fallbacks and Track.log == ["in", "out"]
+    assert same(report.output, t(3) * 2) and not report.fallbacks and Track.log == ["in", "out"]
+    assert report.break_count == 1
 
 
 def test_environment_reads_are_guarded():

@@ -14,7 +14,10 @@ TARGET that cannot be loaded.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from minicompile.config import config, knobs, unknown_variables
 
 from minicompile.tools.target import CONVENTION, TargetError
 
@@ -142,8 +145,6 @@ def _size(n: int) -> str:
 
 
 def _config(args) -> int:
-    import os
-    from minicompile.config import config, knobs, unknown_variables
     for name, spec in knobs().items():
         where = "environment" if os.environ.get(spec.env) else "default"
         print(f"{spec.env:38} {getattr(config, name)!r:24} ({where}; accepted: {spec.accepted()})")

@@ -139,6 +139,37 @@ def _compile(col: dict | None) -> str:
     return f"{col['compile_s']:.1f} / {warm:.1f}" if warm is not None else f"{col['compile_s']:.1f} / -"
 
 
+# A row is flagged rather than trusted when its samples spread too widely or a ratio cannot be.
+WIDE_SPREAD = 0.10           # interquartile range above 10% of the median
+PLAUSIBLE_SPEEDUP = (0.05, 50.0)
+
+
+def row_flags(r: dict) -> list[str]:
+    """Why this row's numbers should not be trusted (empty: nothing found)."""
+    flags = []
+    for col in ("eager", "minicompile", "inductor"):
+        c = r.get(col) or {}
+        if c.get("spread", 0.0) > WIDE_SPREAD:
+            flags.append(f"{col} samples spread {100 * c['spread']:.0f}% of the median")
+        e = r.get("eager") or {}
+        if col != "eager" and "median_s" in c and "median_s" in e:
+            ratio = e["median_s"] / c["median_s"]
+            if not PLAUSIBLE_SPEEDUP[0] <= ratio <= PLAUSIBLE_SPEEDUP[1]:
+                flags.append(f"{col} at {ratio:.2f}x eager is implausible")
+        if "min_bytes" in r and "median_s" in c and r["min_bytes"] / c["median_s"] > r["copy_bytes_per_s"]:
+            flags.append(f"{col} above copy bandwidth (impossible: the copy was measured on a busier machine)")
+    return flags
+
+
+def load_note(before: float, after: float, cores: int) -> str:
+    """The machine's load around the run, and a warning when other work shared its cores."""
+    note = f"load average {before:.1f} before, {after:.1f} after, on {cores} cores"
+    if before > 0.5 * cores:
+        note += (f"\nWARNING: the machine was busy before the run (load {before:.1f} on {cores} cores): "
+                 "other work shared the cores, so times and ratios are unreliable; rerun on a quiet machine")
+    return note
+
+
 def _gbs(r: dict, col: str) -> str:
     c = r.get(col)
     if "min_bytes" not in r or not c or "median_s" not in c:
@@ -149,15 +180,20 @@ def _gbs(r: dict, col: str) -> str:
 
 def format_table(results: list, info: dict) -> str:
     rows = [["workload", "shape", "eager ms", "minicompile ms", "inductor ms", "mc speedup", "ind speedup",
-             "mc compile s cold/warm", "ind compile s cold/warm"]]
+             "mc compile s cold/warm", "ind compile s cold/warm", "flag"]]
+    notes = []
     for r in results:
         if "error" in r and "eager" not in r:
-            rows.append([r["workload"], "error: " + r["error"].splitlines()[0]] + [""] * 7)
+            rows.append([r["workload"], "error: " + r["error"].splitlines()[0]] + [""] * 8)
             continue
+        flags = row_flags(r)
+        notes += [f"  {r['workload']}: {f}" for f in flags]
         rows.append([r["workload"], r["shape"], _ms(r.get("eager")), _ms(r.get("minicompile")),
                      _ms(r.get("inductor")), _speedup(r, "minicompile"), _speedup(r, "inductor"),
-                     _compile(r.get("minicompile")), _compile(r.get("inductor"))])
+                     _compile(r.get("minicompile")), _compile(r.get("inductor")), "!" if flags else ""])
     out = [_render(rows)]
+    if notes:
+        out.append("! not to be trusted as measured:\n" + "\n".join(notes))
     bw = [["memory-bound", "bytes moved", "copy GB/s", "eager GB/s (% copy)", "minicompile GB/s", "inductor GB/s"]]
     for r in results:
         if "min_bytes" in r:
@@ -169,7 +205,9 @@ def format_table(results: list, info: dict) -> str:
               if isinstance(r.get(col), dict) and "error" in r[col]]
     out += [f"errors:\n  " + "\n  ".join(errors)] if errors else []
     header = (f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads), "
-              f"size {info['size']}; medians of {info['reps']} reps")
+              f"size {info['size']}; medians of {info['reps']} samples taken in turns")
+    if "load" in info:
+        header += "\n" + load_note(*info["load"], info["cores"])
     return header + "\n\n" + "\n\n".join(out) + "\n"
 
 
@@ -219,9 +257,10 @@ def run_bench(args) -> int:
     quick = size != "full"
     reps = REPS[size]
     bar = ProgressBar(len(names) * (STEPS["cold"] + STEPS["warm"]))
+    load_before = os.getloadavg()[0]
     results = [bench_workload(n, size, reps, args.device, not args.no_inductor, quick, bar) for n in names]
     bar.finish()
-    info = dict(machine_info(), size=size, reps=reps, device=args.device)
+    info = dict(machine_info(), size=size, reps=reps, device=args.device, load=(load_before, os.getloadavg()[0]))
     print(format_table(results, info), end="")
     status = 0
     if args.json:

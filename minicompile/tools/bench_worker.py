@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from minicompile.tools.bench import time_interleaved
 from minicompile.tools.workloads import WORKLOADS
 
 
@@ -27,23 +28,40 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def median_seconds(fn, inputs, reps: int, device: str, min_sample: float = 2e-3) -> float:
-    """Median over ``reps`` samples; each sample repeats fn enough times to last ``min_sample``."""
+def _calls_per_sample(fn, inputs, device: str, min_sample: float) -> int:
     for _ in range(3):
         fn(*inputs)
     sync(device)
     t0 = time.perf_counter()
     fn(*inputs)
     sync(device)
-    inner = max(1, int(min_sample / max(time.perf_counter() - t0, 1e-9)))
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn(*inputs)
-        sync(device)
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+    return max(1, int(min_sample / max(time.perf_counter() - t0, 1e-9)))
+
+
+def interleaved_samples(fns: dict, inputs, reps: int, device: str, min_sample: float = 2e-3) -> dict:
+    """Seconds per call of each of ``fns``, ``reps`` samples each, taken in turns (each round
+    starts at another one), so a machine that slows down mid-run slows every column alike.
+    Each sample repeats its fn enough times to last ``min_sample``."""
+    inner = {name: _calls_per_sample(fn, inputs, device, min_sample) for name, fn in fns.items()}
+
+    def sample(fn, n):
+        def run():
+            for _ in range(n):
+                fn(*inputs)
+            sync(device)
+        return run
+    times = time_interleaved([sample(fns[name], inner[name]) for name in fns], reps)
+    return {name: [t / inner[name] for t in ts] for name, ts in zip(fns, times)}
+
+
+def timing(samples: list) -> dict:
+    """Median seconds, and the spread: the interquartile range as a fraction of the median."""
+    q1, median, q3 = statistics.quantiles(samples, n=4) if len(samples) > 1 else samples * 3
+    return {"median_s": median, "spread": (q3 - q1) / median if median > 0 else 0.0}
+
+
+def median_seconds(fn, inputs, reps: int, device: str, min_sample: float = 2e-3) -> float:
+    return timing(interleaved_samples({"fn": fn}, inputs, reps, device, min_sample)["fn"])["median_s"]
 
 
 def max_diff(out, ref) -> float:
@@ -53,22 +71,17 @@ def max_diff(out, ref) -> float:
                 if isinstance(r, torch.Tensor) and r.numel()), default=0.0)
 
 
-def compile_and_time(label: str, model, inputs, backend, reps: int, device: str, expected, timed: bool) -> dict:
-    """Compile (first call) from whatever the caches hold, then optionally time the compiled model."""
+def compile_once(label: str, model, inputs, backend, device: str, expected):
+    """Compile (first call) from whatever the caches hold: (result columns, the compiled model)."""
     progress(f"{label} compile")
-    torch._dynamo.reset()
     try:
         t0 = time.perf_counter()
         compiled = torch.compile(model, backend=backend) if backend else torch.compile(model)
         out = compiled(*inputs)
         sync(device)
-        result = {"compile_s": time.perf_counter() - t0, "max_abs_diff": max_diff(out, expected)}
-        if timed:
-            progress(f"{label} run")
-            result["median_s"] = median_seconds(compiled, inputs, reps, device)
-        return result
+        return {"compile_s": time.perf_counter() - t0, "max_abs_diff": max_diff(out, expected)}, compiled
     except Exception as e:  # one failing column must not lose the others
-        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}, None
 
 
 def copy_bandwidth(nbytes: int, reps: int, device: str) -> float:
@@ -94,16 +107,21 @@ def run(workload: str, size: str, phase: str, reps: int, device: str, inductor: 
         # sin/cos/exp ~1e-4 off (torch 2.13 CPU, seen in 1 of ~10 fresh processes; docs/testing.md)
         model(*inputs)
         expected = model(*inputs)
+        backends = [("minicompile", "minicompile")] + ([("inductor", None)] if inductor else [])
+        # Dynamo's cache keeps both compiled models: a compiled callable guards on its own entries
+        runs = {"eager": model}
+        for label, backend in backends:
+            result[label], runs[label] = compile_once(label, model, inputs, backend, device, expected)
         if timed:
-            progress("eager run")
-            result["eager"] = {"median_s": median_seconds(model, inputs, reps, device)}
-        result["minicompile"] = compile_and_time("minicompile", model, inputs, "minicompile", reps, device,
-                                                 expected, timed)
-        if inductor:
-            result["inductor"] = compile_and_time("inductor", model, inputs, None, reps, device, expected, timed)
+            progress("eager, minicompile and Inductor, in turns")
+            samples = interleaved_samples({k: f for k, f in runs.items() if f is not None}, inputs, reps, device)
+            result["eager"] = timing(samples.pop("eager"))
+            for label, s in samples.items():
+                result[label].update(timing(s))
         if warm_in_process:  # --quick: the warm compile reuses this process (and its in-memory caches)
-            for label, backend in [("minicompile", "minicompile")] + ([("inductor", None)] if inductor else []):
-                warm = compile_and_time(label, model, inputs, backend, reps, device, expected, False)
+            for label, backend in backends:
+                torch._dynamo.reset()
+                warm, _ = compile_once(label, model, inputs, backend, device, expected)
                 result[label]["warm_compile_s"] = warm.get("compile_s")
         if timed and w.min_bytes is not None:
             progress("copy bandwidth")

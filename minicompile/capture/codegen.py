@@ -85,6 +85,8 @@ class Reifier:
             return v.source
         if isinstance(v, OpaqueValue):
             return v.source
+        if isinstance(v, torch.SymInt):   # an int input, or sizes: computed again from L
+            return self.tracer.sym_nodes.text(v)
         if v is NULL:
             return "_NULL"
         if v is None or type(v) in (bool, int, str, bytes):

@@ -95,6 +95,7 @@ class Tracer:
                           else FakeTensorMode(allow_non_fake_inputs=False))
         self.sym_nodes = dynamic.SymNodes(self.graph)
         self.symbolic_inputs: list[GraphInput] = []
+        self.symbolic_ints: list[tuple[str, torch.SymInt]] = []   # (source, SymInt): ints made symbolic
         self.ns = Namespace()
         self.guards = Guards(self.ns)
         self.grad_enabled = torch.is_grad_enabled()
@@ -168,6 +169,9 @@ class Tracer:
             return self._wrap_tensor(value, source)
         if type(value) is float and self.scalar_inputs and _frame_value(source) and source not in self.specialised:
             return self._wrap_scalar(value, source)
+        if type(value) is int and self.scalar_inputs and self.sizes is not None and _frame_value(source):
+            if self.sizes.dynamic_int(source, value) and self.symbolic:
+                return self._wrap_symint(value, source)
         if type(value) in _CONST_TYPES:
             g.constant(source, value)
             return value
@@ -298,6 +302,25 @@ class Tracer:
         self._keep.append(real)
         return ScalarVar(float, source, var)
 
+    def _wrap_symint(self, value: int, source: str) -> torch.SymInt:
+        """An int whose value changed between traces (``.item()``'s): a SymInt, guarded only as
+        the ShapeEnv needs (the uses that branched on it or pinned it); the graph takes it as an
+        int input from the first op that uses it."""
+        self.guards.type_is(source, int)
+        sym = dynamic.symbolic_int(self.fake_mode, value, source)
+
+        def placeholder():
+            anchor = self.inputs[-1].var.node if self.inputs else None
+            with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+                node = self.graph.placeholder(self._placeholder_name(source))
+            node.meta["example_value"] = sym
+            self.inputs.append(GraphInput(source, TensorVar(node, sym, int, source), value))
+            return node
+
+        self.sym_nodes.add_int(sym, source, placeholder)
+        self.symbolic_ints.append((source, sym))
+        return sym
+
     def _wrap_view(self, view, source: str):
         """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
         self.ns.values["_view_owner"] = view_owner
@@ -336,7 +359,7 @@ class Tracer:
         self.inputs.append(GraphInput(source, var, value))
         if dims:   # its sizes and strides are guarded by the ShapeEnv (dynamic.produce_guards)
             self.symbolic_inputs.append(self.inputs[-1])
-            self.sym_nodes.add_input(node, fake)
+            self.sym_nodes.add_input(node, fake, source)
         self.tensor_by_id[id(value)] = var
         self._keep.append(value)
         return var

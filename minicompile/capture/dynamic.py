@@ -25,7 +25,7 @@ import sympy
 import torch
 from torch._dynamo.source import ConstantSource, LocalSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 log = logging.getLogger("minicompile.capture")
 
@@ -34,6 +34,10 @@ _CONCRETE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 # sympy heads a SymInt expression may have, and the Python operator that folds its arguments.
 _FOLD = {sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
          Mod: operator.mod, PythonMod: operator.mod}
+
+# ... and the calls that compute the rest in a graph (torch.sym_max: no guard on which is larger).
+_GRAPH_CALLS = {sympy.Max: torch.sym_max, Max: torch.sym_max, sympy.Min: torch.sym_min, Min: torch.sym_min,
+                sympy.Abs: operator.abs}
 
 
 class SymbolicUnsupported(Exception):
@@ -157,10 +161,16 @@ class SymNodes:
         self.origin[sym.node.expr] = make_placeholder
         self.texts[sym.node.expr] = source
 
+    def reads_int_input(self, v) -> bool:
+        """``v`` (a SymInt/SymBool) depends on an int input (an ``.item()`` int made symbolic)."""
+        return isinstance(v, SYM_TYPES) and any(callable(self.origin.get(s)) for s in v.node.expr.free_symbols)
+
     def text(self, v) -> str | None:
-        """Python source computing the SymInt ``v`` from ``L``; None where it has other terms."""
-        expr = v.node.shape_env.replace(v.node.expr)
-        return _text(expr, self.texts)
+        """Python source computing the SymInt or SymBool ``v`` from ``L``; None where it has
+        other terms (a SymFloat: always None)."""
+        if isinstance(v, torch.SymFloat):
+            return None
+        return _text(v.node.shape_env.replace(v.node.expr), self.texts)
 
     def node_of(self, v):
         """An FX argument computing ``v`` from the inputs' sizes (an int where it is one)."""
@@ -186,26 +196,37 @@ class SymNodes:
                 out = self.graph.call_function(torch.ops.aten.sym_size.int, (node, d))
                 out.meta["example_value"] = sym
         else:
-            fold = _FOLD.get(type(expr))
+            fold = _FOLD.get(type(expr)) or _GRAPH_CALLS.get(type(expr))
             parts = [self._build(a) for a in expr.args] if fold else [None]
             if any(p is None for p in parts):
                 return None
-            out = parts[0]
+            out = parts[0] if len(parts) > 1 else self.graph.call_function(fold, (parts[0],))
             for p in parts[1:]:
                 out = self.graph.call_function(fold, (out, p))
         self.nodes[expr] = out
         return out
 
 
+_COMPARE_TEXT = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_CALLS = {sympy.Abs: "abs", sympy.Max: "max", sympy.Min: "min", Max: "max", Min: "min"}
+
+
 def _text(expr, texts: dict) -> str | None:
     if expr.is_Integer:
         return str(int(expr))
+    if expr in (sympy.true, sympy.false):
+        return str(bool(expr))
+    if isinstance(expr, sympy.core.relational.Relational) and expr.rel_op in _COMPARE_TEXT:
+        lhs, rhs = _text(expr.lhs, texts), _text(expr.rhs, texts)
+        return None if lhs is None or rhs is None else f"({lhs} {_COMPARE_TEXT[expr.rel_op]} {rhs})"
     if isinstance(expr, sympy.Symbol):
         return texts.get(expr)
-    fold = _FOLD.get(type(expr))
-    parts = [_text(a, texts) for a in expr.args] if fold else [None]
+    fold, call = _FOLD.get(type(expr)), _CALLS.get(type(expr))
+    parts = [_text(a, texts) for a in expr.args] if fold or call else [None]
     if any(p is None for p in parts):
         return None
+    if call:
+        return f"{call}({', '.join(parts)})"
     op = {operator.add: " + ", operator.mul: " * ", operator.floordiv: " // ", operator.mod: " % "}[fold]
     return "(" + op.join(parts) + ")"
 
@@ -219,7 +240,8 @@ def produce_guards(fakes: list, sources: list) -> list[str]:
     local = [f"t{i}" for i in range(len(fakes))]
     guards = syms[0].node.shape_env.produce_guards(fakes, [LocalSource(n) for n in local],
                                                    ignore_static=False)
-    return [re.sub(r"L\['t(\d+)'\]", lambda m: f"({sources[int(m.group(1))]})", g) for g in guards]
+    # sources are subscript/attribute chains (``L[3]``, ``L[0].x``): no parentheses needed
+    return [re.sub(r"L\['t(\d+)'\]", lambda m: sources[int(m.group(1))], g) for g in guards]
 
 
 def specialised(fake) -> list:

@@ -154,7 +154,7 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict, sym_nodes)
         seen.add(id(v))
         if isinstance(v, TensorVar):
             out.setdefault(id(v), v)
-        elif isinstance(v, dynamic.SYM_TYPES) and not (isinstance(v, torch.SymInt) and sym_nodes.text(v)):
+        elif isinstance(v, dynamic.SYM_TYPES) and sym_nodes.text(v) is None:
             raise dynamic.SymbolicUnsupported(f"a symbolic size ({v}) reaches Python code after the graph")
         elif id(v) in new_objects:
             todo.extend(objects.children(v))
@@ -215,11 +215,12 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
     ops = sum(1 for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     ns = tracer.ns
     if _mutates_inputs(graph):
-        # In-place ops make aliasing visible: this graph holds only for distinct inputs.
-        srcs = [inp.source for inp in tracer.inputs if not inp.source.startswith("_f64(")][:16]
-        for i, a in enumerate(srcs):
-            for b in srcs[:i]:
-                tracer.guards.add(f"{a} is not {b}")
+        # In-place ops make aliasing visible: this graph holds only for inputs that share no
+        # memory, except those that shared a storage in the trace.
+        tensors = [i for i in tracer.inputs if isinstance(i.real, torch.Tensor) and not i.source.startswith("_f64(")]
+        storage = {}
+        groups = tuple(storage.setdefault(i.real.untyped_storage().data_ptr() or id(i), len(storage)) for i in tensors)
+        tracer.guards.distinct_storages([i.source for i in tensors], groups)
     lines = []
     gm = None
     if ops:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import gc
 import operator
+import re
 import types
 from dataclasses import dataclass, field
 
@@ -169,7 +170,7 @@ class Tracer:
             return self._wrap_tensor(value, source)
         if type(value) is float and self.scalar_inputs and _frame_value(source) and source not in self.specialised:
             return self._wrap_scalar(value, source)
-        if type(value) is int and self.scalar_inputs and self.sizes is not None and _frame_value(source):
+        if type(value) is int and self.scalar_inputs and self.sizes is not None and _FRAME_ITEM.match(source):
             if self.sizes.dynamic_int(source, value) and self.symbolic:
                 return self._wrap_symint(value, source)
         if type(value) in _CONST_TYPES:
@@ -508,6 +509,11 @@ def _is_data(value, source: str) -> bool:
     if type(value).__name__ in ("ndarray", "matrix", "memmap", "recarray"):
         return True
     return getattr(value, "shape", None) == () and _frame_value(source)
+
+
+# A value in the frame, or an item of a container there (``L[2]``, ``L[2]['n']``, ``L[3][0]``): not
+# an attribute (ints on modules and configs stay constants, as Dynamo keeps them).
+_FRAME_ITEM = re.compile(r"L\[\d+\](\[[^\]]+\])*$")
 
 
 def _frame_value(source: str) -> bool:

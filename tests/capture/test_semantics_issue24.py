@@ -306,6 +306,14 @@ def test_item_int_each_use_compiles_no_more_than_dynamo(fn):
     assert ours <= dynamo, (ours, dynamo, compiled.capture_report)
 
 
+@pytest.mark.slow   # C++ builds of the symbolic graphs: ~15 s
+def test_item_int_inputs_through_the_pipeline_match_eager():
+    # the int graph input reaches aot/lowering as a SymInt placeholder (or per shape where the
+    # symbolic path has a gap), with eager's results
+    compiled = run_both(f_int_uses, lambda call: (data(call, 12),), calls=12, compiler=minicompile.compile)
+    assert not compiled.capture_report.fallbacks, compiled.capture_report
+
+
 def test_item_int_recompile_limit_names_the_limit_and_the_guard():
     # the loop bound's value is needed (guarded), so each new one recompiles up to the limit; the
     # call that hits it finishes in Python (no extra compile) and later calls run eagerly

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import functools
 import inspect
 import itertools
 import types
@@ -44,6 +45,8 @@ def _constant_args(name: str, args, kwargs) -> None:
 def _pure(fn):
     def handler(tracer: Tracer, args, kwargs):
         _constant_args(fn.__name__, args, kwargs)
+        if any(tracer.sym_nodes.reads_int_input(a) for a in args):   # as Dynamo: not a reason to specialise
+            raise GraphBreak(f"{fn.__name__}() of an int the graph takes as an input needs its value")
         return fn(*concrete(args), **kwargs)   # str(SymInt) would be its symbol's name
     return handler
 
@@ -337,8 +340,14 @@ def _minmax(fn):
         if any(isinstance(v, TensorVar) for v in items):
             raise GraphBreak(f"{fn.__name__}() comparing tensors needs their values")
         _constant_args(fn.__name__, items, kwargs)
+        if not kwargs and len(items) > 1 and all(type(v) in (int, torch.SymInt) for v in items) and any(
+                isinstance(v, torch.SymInt) for v in items):   # as Dynamo: a symbolic max, no guard
+            return functools.reduce(_SYM_MINMAX[fn], items)
         return fn(items, **kwargs)
     return handler
+
+
+_SYM_MINMAX = {builtins.min: torch.sym_min, builtins.max: torch.sym_max}
 
 
 BUILTINS[builtins.min] = _minmax(builtins.min)

@@ -23,7 +23,7 @@ from minicompile.capture.dynamic import FrameSizes
 from minicompile.capture.explain import CaptureReport, FallbackRecord, GraphBreakError, RecompileRecord
 from minicompile.capture.fallback import try_fx
 from minicompile.capture.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
-from minicompile.capture.native import NativeEntry, unwind
+from minicompile.capture.native import NativeEntry, runs_natively, unwind
 from minicompile.capture.segment import MISS, CannotCapture, trace_segment
 from minicompile.config import config
 
@@ -168,9 +168,12 @@ class CodeCache:
             self.ctx.report.recompiles.append(RecompileRecord(self.code.co_name, offset, guard, limit_hit))
             log.info("recompiling %s at offset %d: guard failed: %s", self.code.co_name, offset, guard)
             if limit_hit:
-                # Halfway through a call there is no eager frame to return to: finish this
-                # call compiled, and run later calls eagerly from the start.
+                # Halfway through a call there is no eager frame to return to: finish this call
+                # in Python where every instruction left can be stepped, else compiled; later
+                # calls run eagerly from the start.
                 self._go_eager(guard, offset)
+                if runs_natively(self.code):
+                    return NativeEntry(self, offset, "recompile limit", None, trace=False).run(L)
         return self.new_resume_entry(offset, L).run(L)
 
     def unwind(self, offset: int, error: BaseException, locals_: list, cells: list, stack: list):

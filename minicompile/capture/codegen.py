@@ -85,6 +85,10 @@ class Reifier:
             return v.source
         if isinstance(v, OpaqueValue):
             return v.source
+        if isinstance(v, (torch.SymInt, torch.SymBool)):   # from int inputs and sizes: computed again from L
+            return self.tracer.sym_nodes.text(v)
+        if isinstance(v, torch.Size) and _holds_sym(v):
+            return f"{self.ns.const(torch.Size, 'T')}(({''.join(self.expr(x) + ', ' for x in v)}))"
         if v is NULL:
             return "_NULL"
         if v is None or type(v) in (bool, int, str, bytes):
@@ -98,7 +102,7 @@ class Reifier:
             return tracked.source   # same object as the caller's, contents replayed already
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
-        if isinstance(v, tuple) and not isinstance(v, torch.Size) and contains_symbolic(v):
+        if isinstance(v, tuple) and not isinstance(v, torch.Size) and (contains_symbolic(v) or _holds_sym(v)):
             cls = self.ns.const(type(v), "T")
             items = ", ".join(self.expr(x) for x in v)
             if hasattr(type(v), "_fields"):
@@ -169,6 +173,13 @@ class Reifier:
         if src is not None and not src.startswith("_"):
             return src
         return self.ns.const(v)
+
+
+def _holds_sym(v, depth: int = 0) -> bool:
+    """``v`` is, or a tuple or list in it holds, a SymInt/SymBool (made from int inputs and sizes)."""
+    if isinstance(v, (torch.SymInt, torch.SymBool)):
+        return True
+    return isinstance(v, (tuple, list)) and depth < 8 and any(_holds_sym(x, depth + 1) for x in v)
 
 
 def _bound_per_read(m) -> bool:

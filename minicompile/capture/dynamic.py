@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import sympy
 import torch
+from torch._dynamo.source import ConstantSource, LocalSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 
 log = logging.getLogger("minicompile.capture")
 
@@ -33,6 +34,10 @@ _CONCRETE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 # sympy heads a SymInt expression may have, and the Python operator that folds its arguments.
 _FOLD = {sympy.Add: operator.add, sympy.Mul: operator.mul, FloorDiv: operator.floordiv,
          Mod: operator.mod, PythonMod: operator.mod}
+
+# ... and the calls that compute the rest in a graph (torch.sym_max: no guard on which is larger).
+_GRAPH_CALLS = {sympy.Max: torch.sym_max, Max: torch.sym_max, sympy.Min: torch.sym_min, Min: torch.sym_min,
+                sympy.Abs: operator.abs}
 
 
 class SymbolicUnsupported(Exception):
@@ -59,12 +64,13 @@ class FrameSizes:
         self.mode = mode              # compile(dynamic=...): None automatic, True all sizes, False none
         self.sizes: dict[str, list] = {}
         self.pinned: set[tuple[str, int]] = set()   # dimensions a symbolic trace specialised
+        self.ints: dict[str, int | None] = {}        # ints in the frame at a resume point (.item()'s)
         self.static_reason: str | None = None if mode is not False else "compile(dynamic=False)"
 
     def wants_symbolic(self, L: tuple = ()) -> bool:
         """Trace on a ShapeEnv: a recompile (a size may have changed), ``dynamic=True``, or an
         argument with ``mark_dynamic`` dimensions; unless this frame gave up on symbols."""
-        return self.static_reason is None and (bool(self.sizes) or self.mode is True or any(
+        return self.static_reason is None and (bool(self.sizes) or bool(self.ints) or self.mode is True or any(
             hasattr(v, "_dynamo_dynamic_indices") for v in L if isinstance(v, torch.Tensor)))
 
     def dynamic_dims(self, source: str, t: torch.Tensor) -> tuple:
@@ -83,13 +89,23 @@ class FrameSizes:
             return ()
         return tuple(d for d, n in enumerate(t.shape) if seen[d] is None and n >= 2 and (source, d) not in self.pinned)
 
+    def dynamic_int(self, source: str, value: int) -> bool:
+        """Record an int in the frame at a resume point; True where it changed since an earlier
+        trace (a symbolic int input from then on, as Dynamo's automatic dynamic makes it)."""
+        seen = self.ints.setdefault(source, value)
+        if seen is not None and seen != value and (source, None) not in self.pinned:
+            self.ints[source] = None
+            self._note("dynamic", f"int {source} changed ({value}): symbolic from now on")
+        return self.ints[source] is None and self.static_reason is None and (source, None) not in self.pinned
+
     def give_up(self, reason: str) -> None:
         self.static_reason = reason
         self._note("static", f"symbolic sizes not used, specialising per size: {reason}")
 
-    def pin(self, source: str, d: int, why: str) -> None:
+    def pin(self, source: str, d: int | None, why: str) -> None:
+        """Keep dimension ``d`` of ``source`` (the int at ``source`` for ``d=None``) static."""
         self.pinned.add((source, d))
-        self._note("static", f"{source}.shape[{d}] specialised: {why}")
+        self._note("static", f"{source if d is None else f'{source}.shape[{d}]'} specialised: {why}")
 
     def _note(self, what: str, detail: str) -> None:
         self.report.dynamic.append(DynamicRecord(self.code_name, self.offset, what, detail))
@@ -110,6 +126,11 @@ def symbolic_fake(fake_mode, t: torch.Tensor, dims: tuple):
     return fake_mode.from_tensor(t, symbolic_context=ctx)
 
 
+def symbolic_int(fake_mode, value: int, source: str) -> torch.SymInt:
+    """An int input of a symbolic trace: a backed symbol with ``value`` as its hint."""
+    return fake_mode.shape_env.create_unspecified_symint_and_symbol(value, ConstantSource(source), DimDynamic.DYNAMIC)
+
+
 def concrete(v):
     """A Python value for ``v``: a SymInt read as an int (the ShapeEnv guards its value)."""
     if isinstance(v, SYM_TYPES):
@@ -120,17 +141,36 @@ def concrete(v):
 
 
 class SymNodes:
-    """SymInts as graph values: each symbol is a ``sym_size`` of the input it came from."""
+    """SymInts as graph values: each symbol is a ``sym_size`` of the input it came from, or an
+    int input (its placeholder made when the graph first uses it); and as Python text over
+    ``L`` (``L[0].shape[1]``, ``L[3]``) where generated code hands one back to Python."""
 
     def __init__(self, graph: torch.fx.Graph):
         self.graph = graph
-        self.origin: dict = {}      # sympy symbol -> (placeholder node, dim)
+        self.origin: dict = {}      # sympy symbol -> (placeholder node, dim), or a callable making an int input
         self.nodes: dict = {}       # sympy expression -> fx node
+        self.texts: dict = {}       # sympy symbol -> its Python text over L
 
-    def add_input(self, node: torch.fx.Node, fake: torch.Tensor) -> None:
+    def add_input(self, node: torch.fx.Node, fake: torch.Tensor, source: str) -> None:
         for d, s in enumerate(fake.shape):
             if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
                 self.origin.setdefault(s.node.expr, (node, d, s))
+                self.texts.setdefault(s.node.expr, f"{source}.shape[{d}]")
+
+    def add_int(self, sym: torch.SymInt, source: str, make_placeholder) -> None:
+        self.origin[sym.node.expr] = make_placeholder
+        self.texts[sym.node.expr] = source
+
+    def reads_int_input(self, v) -> bool:
+        """``v`` (a SymInt/SymBool) depends on an int input (an ``.item()`` int made symbolic)."""
+        return isinstance(v, SYM_TYPES) and any(callable(self.origin.get(s)) for s in v.node.expr.free_symbols)
+
+    def text(self, v) -> str | None:
+        """Python source computing the SymInt or SymBool ``v`` from ``L``; None where it has
+        other terms (a SymFloat: always None)."""
+        if isinstance(v, torch.SymFloat):
+            return None
+        return _text(v.node.shape_env.replace(v.node.expr), self.texts)
 
     def node_of(self, v):
         """An FX argument computing ``v`` from the inputs' sizes (an int where it is one)."""
@@ -149,34 +189,67 @@ class SymNodes:
         if isinstance(expr, sympy.Symbol):
             if expr not in self.origin:
                 return None
-            node, d, sym = self.origin[expr]
-            out = self.graph.call_function(torch.ops.aten.sym_size.int, (node, d))
-            out.meta["example_value"] = sym
+            if callable(self.origin[expr]):   # an int input
+                out = self.origin[expr]()
+            else:
+                node, d, sym = self.origin[expr]
+                out = self.graph.call_function(torch.ops.aten.sym_size.int, (node, d))
+                out.meta["example_value"] = sym
         else:
-            fold = _FOLD.get(type(expr))
+            fold = _FOLD.get(type(expr)) or _GRAPH_CALLS.get(type(expr))
             parts = [self._build(a) for a in expr.args] if fold else [None]
             if any(p is None for p in parts):
                 return None
-            out = parts[0]
+            out = parts[0] if len(parts) > 1 else self.graph.call_function(fold, (parts[0],))
             for p in parts[1:]:
                 out = self.graph.call_function(fold, (out, p))
         self.nodes[expr] = out
         return out
 
 
-def produce_guards(fakes: list, sources: list) -> str | None:
-    """The ShapeEnv's guards over the symbolic inputs, as one Python expression over ``L``."""
-    if not fakes:
-        return None
-    shape_env = next(s.node.shape_env for f in fakes for s in f.shape if isinstance(s, torch.SymInt))
-    text = shape_env.produce_guards_expression(fakes, ignore_static=False)
-    if not text:
-        return None
-    return re.sub(r"L\['t(\d+)'\]", lambda m: f"({sources[int(m.group(1))]})", text)
+_COMPARE_TEXT = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_CALLS = {sympy.Abs: "abs", sympy.Max: "max", sympy.Min: "min", Max: "max", Min: "min"}
 
 
-def specialised(fake: torch.Tensor) -> list:
-    """The dimensions of a symbolic input whose symbol the trace pinned to one value."""
+def _text(expr, texts: dict) -> str | None:
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr in (sympy.true, sympy.false):
+        return str(bool(expr))
+    if isinstance(expr, sympy.core.relational.Relational) and expr.rel_op in _COMPARE_TEXT:
+        lhs, rhs = _text(expr.lhs, texts), _text(expr.rhs, texts)
+        return None if lhs is None or rhs is None else f"({lhs} {_COMPARE_TEXT[expr.rel_op]} {rhs})"
+    if isinstance(expr, sympy.Symbol):
+        return texts.get(expr)
+    fold, call = _FOLD.get(type(expr)), _CALLS.get(type(expr))
+    parts = [_text(a, texts) for a in expr.args] if fold or call else [None]
+    if any(p is None for p in parts):
+        return None
+    if call:
+        return f"{call}({', '.join(parts)})"
+    op = {operator.add: " + ", operator.mul: " * ", operator.floordiv: " // ", operator.mod: " % "}[fold]
+    return "(" + op.join(parts) + ")"
+
+
+def produce_guards(fakes: list, sources: list) -> list[str]:
+    """The ShapeEnv's guards over the symbolic inputs (tensors and ints), as Python
+    expressions over ``L``, one per guard so a failure names the one that failed."""
+    syms = [s for f in fakes for s in (f.shape if isinstance(f, torch.Tensor) else (f,)) if isinstance(s, torch.SymInt)]
+    if not syms:
+        return []
+    local = [f"t{i}" for i in range(len(fakes))]
+    guards = syms[0].node.shape_env.produce_guards(fakes, [LocalSource(n) for n in local],
+                                                   ignore_static=False)
+    # sources are subscript/attribute chains (``L[3]``, ``L[0].x``): no parentheses needed
+    return [re.sub(r"L\['t(\d+)'\]", lambda m: sources[int(m.group(1))], g) for g in guards]
+
+
+def specialised(fake) -> list:
+    """The dimensions of a symbolic input whose symbol the trace pinned to one value (``None``
+    for an int input)."""
+    if isinstance(fake, torch.SymInt):
+        expr = fake.node.shape_env.replace(fake.node.expr)
+        return [(None, int(expr))] if expr.is_number else []
     out = []
     for d, s in enumerate(fake.shape):
         if isinstance(s, torch.SymInt) and s.node.shape_env.replace(s.node.expr).is_number:

@@ -89,6 +89,17 @@ class Guards:
         self.add(f"type({src}) is {cls}", f"{src}.dtype is {dtype}", device, *shape,
                  f"{src}.requires_grad is {t.requires_grad}", kind="TENSOR_MATCH", what=src, check=desc)
 
+    def distinct_storages(self, sources: list[str], groups: tuple) -> None:
+        """Tensors at ``sources`` in different ``groups`` (the storages the trace saw them in)
+        share no memory: what a graph with in-place ops assumed of its inputs. One guard, one
+        report line, however many inputs."""
+        if len(set(groups)) < 2:
+            return
+        self.ns.values["_distinct"] = distinct_storages
+        shown = ", ".join(sources[:3]) + (", ..." if len(sources) > 3 else "")
+        self.add(f"_distinct({groups!r}, {', '.join(sources)})", kind="NO_TENSOR_ALIASING",
+                 what=f"{len(sources)} tensor inputs", check=f"no two share memory ({shown})")
+
     def alias(self, src: str, other: str) -> None:
         self.add(f"{src} is {other}", kind="ALIAS_MATCH", what=src, check=f"is {other}")
 
@@ -136,6 +147,16 @@ class Guards:
             if not ok:
                 return expr
         return None
+
+
+def distinct_storages(groups: tuple, *tensors) -> bool:
+    """No storage holds tensors of two ``groups`` (empty storages hold nothing)."""
+    group_of = {}
+    for group, t in zip(groups, tensors):
+        storage = t.untyped_storage()
+        if storage.nbytes() and group_of.setdefault(storage.data_ptr(), group) != group:
+            return False
+    return True
 
 
 def check_source(exprs: list[str], name: str) -> str:

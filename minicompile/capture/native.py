@@ -110,8 +110,9 @@ class NativeEntry:
 
     graph = guards = None
 
-    def __init__(self, cache, offset: int, reason: str, where: str | None):
+    def __init__(self, cache, offset: int, reason: str, where: str | None, trace: bool = True):
         self.cache, self.offset, self.reason, self.where = cache, offset, reason, where
+        self.trace = trace            # False: run to the return in Python, compiling nothing more
         self._actions: dict[int, BreakAction] = {}
         self.fast = self.run
 
@@ -129,7 +130,7 @@ class NativeEntry:
             offset = next_offset
             if s.returned:
                 return s.return_value
-            if s.kw_names:
+            if s.kw_names or not self.trace:
                 continue          # KW_NAMES .. CALL runs as one unit: the names live in no local
             state = (*(s.locals.get(n, NULL) for n in names), *(s.cells[n] for n in cell_names), *s.stack)
             entries = cache.entries.setdefault(offset, [])
@@ -196,4 +197,12 @@ def _step(cache, actions: dict, s: _State, offset: int, reason: str, where: str 
     return action.step(action, s.stack)
 
 
-__all__ = ["NativeEntry", "unwind"]
+def runs_natively(code: types.CodeType) -> bool:
+    """Every instruction of ``code`` has a Python step and none is inside a try or with block
+    (stepping does not unwind to handlers): a NativeEntry can run it to its return."""
+    info = code_info(code)
+    return not code.co_exceptiontable and all(
+        i.opname in _VALUE_MOVES or i.opname in _REAL or i.opname in NATIVE_STEPS for i in info.insts)
+
+
+__all__ = ["NativeEntry", "runs_natively", "unwind"]

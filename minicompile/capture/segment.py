@@ -144,9 +144,10 @@ def _make_frame(cache, tracer: Tracer, offset: int, L: tuple) -> Frame:
     return Frame(tracer, code, cache.globals, local_values, cells, 0, offset, stack)
 
 
-def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
+def _collect_tensors(values, out: dict, seen: set, new_objects: dict, sym_nodes) -> None:
     """Every TensorVar reachable from ``values`` (in a stable order), for graph outputs; a
-    symbolic size among them is a SymbolicUnsupported (generated code cannot hold one)."""
+    symbolic value among them that generated code cannot compute from ``L`` is a
+    SymbolicUnsupported."""
     todo = list(values)
     while todo:
         v = todo.pop(0)
@@ -155,7 +156,7 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict) -> None:
         seen.add(id(v))
         if isinstance(v, TensorVar):
             out.setdefault(id(v), v)
-        elif isinstance(v, dynamic.SYM_TYPES):
+        elif isinstance(v, dynamic.SYM_TYPES) and sym_nodes.text(v) is None:
             raise dynamic.SymbolicUnsupported(f"a symbolic size ({v}) reaches Python code after the graph")
         elif id(v) in new_objects:
             todo.extend(objects.children(v))
@@ -214,17 +215,18 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
         live = [locals_, cells, list(frame.stack)]
     live += [se.value for se in tracer.side_effects] + [t.copy for t in tracer.tracked]
     found: dict = {}
-    _collect_tensors(live, found, set(), tracer.new_objects)
+    _collect_tensors(live, found, set(), tracer.new_objects, tracer.sym_nodes)
     outputs = [v for v in found.values() if v.source is None]
     graph = tracer.graph
     ops = sum(1 for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))
     ns = tracer.ns
     if _mutates_inputs(graph):
-        # In-place ops make aliasing visible: this graph holds only for distinct inputs.
-        srcs = [inp.source for inp in tracer.inputs if not inp.source.startswith("_f64(")][:16]
-        for i, a in enumerate(srcs):
-            for b in srcs[:i]:
-                tracer.guards.add(f"{a} is not {b}")
+        # In-place ops make aliasing visible: this graph holds only for inputs that share no
+        # memory, except those that shared a storage in the trace.
+        tensors = [i for i in tracer.inputs if isinstance(i.real, torch.Tensor) and not i.source.startswith("_f64(")]
+        storage = {}
+        groups = tuple(storage.setdefault(i.real.untyped_storage().data_ptr() or id(i), len(storage)) for i in tensors)
+        tracer.guards.distinct_storages([i.source for i in tensors], groups)
     lines = []
     gm = None
     if ops:
@@ -234,7 +236,7 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
         compiled = cache.ctx.backend(gm, example)
         name = ns.const(compiled, "graph")
         lines.append(f"o = {name}({', '.join(inp.source for inp in tracer.inputs)})")
-    if tracer.symbolic_inputs:
+    if tracer.symbolic_inputs or tracer.symbolic_ints:
         _shape_guards(tracer, cache.frame_sizes(offset))
     if tracer.grad_changed:  # leave grad mode as the traced code did, whatever the backend did
         ns.values["_set_grad"] = torch._C._set_grad_enabled
@@ -269,13 +271,13 @@ def _shape_guards(tracer: Tracer, sizes) -> None:
     """Guard a symbolic trace with its ShapeEnv's guards (taken after the backend compiled, so
     they hold what the pipeline relied on too); a size the trace pinned to one value stays
     static in later traces."""
-    inputs = tracer.symbolic_inputs
-    expr = dynamic.produce_guards([i.var.fake for i in inputs], [i.source for i in inputs])
-    if expr:
-        tracer.guards.add(expr, kind="SHAPE_ENV", what="sizes", check=expr)
-    for inp in inputs:
-        for d, n in dynamic.specialised(inp.var.fake):
-            sizes.pin(inp.source, d, f"the trace needed its value ({n})")
+    values = [(i.source, i.var.fake) for i in tracer.symbolic_inputs] + tracer.symbolic_ints
+    exprs = dynamic.produce_guards([v for _, v in values], [s for s, _ in values])
+    if exprs:
+        tracer.guards.add(*exprs, kind="SHAPE_ENV", what="sizes", check=" and ".join(exprs))
+    for source, value in values:
+        for d, n in dynamic.specialised(value):
+            sizes.pin(source, d, f"the trace needed its value ({n})")
 
 
 __all__ = ["trace_segment", "Entry", "CannotCapture", "MISS"]

@@ -237,6 +237,8 @@ def _sequence_items(tracer: Tracer, v) -> list:
 # ---------------------------------------------------------------------- subscripts
 def subscr(tracer: Tracer, obj, key):
     if isinstance(obj, TensorVar):
+        if isinstance(key, torch.SymInt):   # as Dynamo: select keeps the index symbolic, [] guards its value
+            return tracer.call_graph("call_method", "select", (obj, 0, key))
         return tracer.call_graph("call_function", operator.getitem, (obj, key))
     if isinstance(key, TensorVar):
         raise GraphBreak(f"indexing a {type(obj).__name__} with a tensor (data-dependent)")

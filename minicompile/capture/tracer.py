@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import gc
 import operator
+import re
 import types
 from dataclasses import dataclass, field
 
@@ -95,6 +96,7 @@ class Tracer:
                           else FakeTensorMode(allow_non_fake_inputs=False))
         self.sym_nodes = dynamic.SymNodes(self.graph)
         self.symbolic_inputs: list[GraphInput] = []
+        self.symbolic_ints: list[tuple[str, torch.SymInt]] = []   # (source, SymInt): ints made symbolic
         self.ns = Namespace()
         self.guards = Guards(self.ns)
         self.grad_enabled = torch.is_grad_enabled()
@@ -168,6 +170,9 @@ class Tracer:
             return self._wrap_tensor(value, source)
         if type(value) is float and self.scalar_inputs and _frame_value(source) and source not in self.specialised:
             return self._wrap_scalar(value, source)
+        if type(value) is int and self.scalar_inputs and self.sizes is not None and _FRAME_ITEM.match(source):
+            if self.sizes.dynamic_int(source, value) and self.symbolic:
+                return self._wrap_symint(value, source)
         if type(value) in _CONST_TYPES:
             g.constant(source, value)
             return value
@@ -305,6 +310,24 @@ class Tracer:
         self._keep.append(real)
         return ScalarVar(float, source, var)
 
+    def _wrap_symint(self, value: int, source: str) -> torch.SymInt:
+        """An int that changed between traces (``.item()``'s): a SymInt guarded only as the ShapeEnv
+        needs, a graph input from the first op that uses it."""
+        self.guards.type_is(source, int)
+        sym = dynamic.symbolic_int(self.fake_mode, value, source)
+
+        def placeholder():
+            anchor = self.inputs[-1].var.node if self.inputs else None
+            with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+                node = self.graph.placeholder(self._placeholder_name(source))
+            node.meta["example_value"] = sym
+            self.inputs.append(GraphInput(source, TensorVar(node, sym, int, source), value))
+            return node
+
+        self.sym_nodes.add_int(sym, source, placeholder)
+        self.symbolic_ints.append((source, sym))
+        return sym
+
     def _wrap_view(self, view, source: str):
         """A dict view handed over at a graph break: a live view of its (wrapped) dict."""
         self.ns.values["_view_owner"] = view_owner
@@ -343,7 +366,7 @@ class Tracer:
         self.inputs.append(GraphInput(source, var, value))
         if dims:   # its sizes and strides are guarded by the ShapeEnv (dynamic.produce_guards)
             self.symbolic_inputs.append(self.inputs[-1])
-            self.sym_nodes.add_input(node, fake)
+            self.sym_nodes.add_input(node, fake, source)
         self.tensor_by_id[id(value)] = var
         self._keep.append(value)
         return var
@@ -494,6 +517,10 @@ def _is_data(value, source: str) -> bool:
     return getattr(value, "shape", None) == () and _frame_value(source)
 
 
+# A frame value or an item of a container there (L[2], L[2]['n']); attributes stay constants, as Dynamo's.
+_FRAME_ITEM = re.compile(r"L\[\d+\](\[[^\]]+\])*$")
+
+
 def _frame_value(source: str) -> bool:
     return source.startswith("L[") and source.endswith("]") and source[2:-1].isdigit()
 
@@ -512,8 +539,7 @@ def _readable(source: str, names: dict) -> str:
 
 
 def _short(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:160] if text else ""
+    return (str(e).strip().splitlines() or [""])[0][:160]
 
 
 # Constants FX writes into graph code as literals (or names it defines itself).
@@ -564,11 +590,7 @@ def _map(value, fn):
 
 
 def _has_tensor(v) -> bool:
-    if isinstance(v, torch.Tensor):
-        return True
-    if isinstance(v, (tuple, list)):
-        return any(_has_tensor(x) for x in v)
-    return False
+    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and any(_has_tensor(x) for x in v))
 
 
 def is_stable_module(mod: types.ModuleType) -> bool:

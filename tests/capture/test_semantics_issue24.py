@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 
 import minicompile
 from minicompile.capture import compile as capture_compile
+from minicompile.capture import explain as capture_explain
 
 
 def data(call: int, *shape):
@@ -220,7 +222,145 @@ def test_recompile_limit_message_says_the_limit_it_applied():
     assert len(msgs) == 2, msgs
     assert "(2 entries at the resume point" in msgs[0] and "L[2] (a value on the stack) ==" in msgs[0], msgs[0]
     assert "(16 entries at the resume point" in msgs[1] and "x 8: it is inside a loop" in msgs[1], msgs[1]
-    assert "L[1] (i) == " in msgs[1], msgs[1]
+    # the loop counter is an int input after its first change; the iterator's length tells the iterations apart
+    assert "len(L[2] (a value on the stack).items) == " in msgs[1], msgs[1]
+
+
+# ---------------------------------------------------------------------- ints from .item()
+# n = how many of 12 random values are positive: a new int most calls. Each function is called
+# 100 times with new data and must compile (graphs the backend gets) at most as often as Dynamo
+# does with the same inputs: static first, then a symbolic int input (automatic dynamic).
+def f_int_arith(x):
+    n = (x > 0).sum().item()
+    return x * n + n, n * 2 + 1, n // 3, -n, n % 4
+
+
+def f_int_branch(x):
+    n = (x > 0).sum().item()
+    if n > 6:
+        return x + 1
+    return x - 1
+
+
+def f_int_size(x):
+    n = (x > 0).sum().item()
+    return torch.zeros(n) + 1, x[:n] * 2, x.new_full((n, 2), n), torch.arange(n), x[:n].shape
+
+
+def f_int_index(x):
+    n = (x > 0).sum().item()
+    return x[n], x[n - 7], x[:max(n, 3)], abs(n - 7)
+
+
+def f_int_item_of_a_dict(x):
+    n = (x > 0).sum().item()
+    d = {"n": n}
+    print(end="")          # a break with the int inside a dict
+    return x * d["n"], str(n), n == 5, (n, n + 1)
+
+
+def f_int_loop_bound(x):
+    n = (x > 0).sum().item()
+    for i in range(n):     # the loop is unrolled: the value is needed, as in Dynamo
+        x = x + i
+    return x
+
+
+def _graph_counts(fn, calls: int = 100) -> tuple:
+    """(graphs our capture compiled, graphs Dynamo compiled) over ``calls`` calls, each result
+    compared with eager."""
+    ours, theirs = [], []
+    compiled = run_both(fn, lambda call: (data(call, 12),), calls=calls,
+                        compiler=lambda f: capture_compile(f, backend=lambda gm, ex: ours.append(gm) or gm.forward))
+    torch._dynamo.reset()
+    dynamo = torch.compile(fn, backend=lambda gm, ex: theirs.append(gm) or gm.forward)
+    for call in range(calls):
+        assert same(dynamo(data(call, 12)), fn(data(call, 12)))
+    torch._dynamo.reset()
+    return len(ours), len(theirs), compiled
+
+
+def f_int_uses(x):
+    n = (x > 0).sum().item()
+    y = x[:n] * n + n
+    if n > 6:
+        y = y + x[n]
+    return y, torch.arange(n), x[:max(n, 3)], n * 2 + 1, n // 3
+
+
+def test_item_int_compiles_no_more_than_dynamo():
+    # the int in arithmetic, a Python if, a size, an index, max(), returned: 3 graphs (or 4)
+    ours, dynamo, compiled = _graph_counts(f_int_uses)
+    assert ours <= dynamo, (ours, dynamo, compiled.capture_report)
+    assert not compiled.capture_cache.eager, compiled.capture_report
+    assert any("symbolic from now on" in str(d) for d in compiled.capture_report.dynamic)
+
+
+@pytest.mark.slow   # each use on its own, and the loop bound (2 x 9 compiles): ~25 s in all
+@pytest.mark.parametrize("fn", [f_int_arith, f_int_branch, f_int_size, f_int_index, f_int_item_of_a_dict,
+                                f_int_loop_bound])
+def test_item_int_each_use_compiles_no_more_than_dynamo(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the loop bound reaches the recompile limit, as in Dynamo
+        ours, dynamo, compiled = _graph_counts(fn)
+    assert ours <= dynamo, (ours, dynamo, compiled.capture_report)
+
+
+@pytest.mark.slow   # C++ builds of the symbolic graphs: ~15 s
+def test_item_int_inputs_through_the_pipeline_match_eager():
+    # the int graph input reaches aot/lowering as a SymInt placeholder (or per shape where the
+    # symbolic path has a gap), with eager's results
+    compiled = run_both(f_int_uses, lambda call: (data(call, 12),), calls=12, compiler=minicompile.compile)
+    assert not compiled.capture_report.fallbacks, compiled.capture_report
+
+
+def test_item_int_recompile_limit_names_the_limit_and_the_guard():
+    # the loop bound's value is needed (guarded), so each new one recompiles up to the limit; the
+    # call that hits it finishes in Python (no extra compile) and later calls run eagerly
+    graphs = []
+    compiled = capture_compile(f_int_loop_bound, backend=lambda gm, ex: graphs.append(gm) or gm.forward)
+    with minicompile.patch(recompile_limit=2), pytest.warns(UserWarning) as w:
+        for call in range(8):
+            assert same(compiled(data(call, 12)), f_int_loop_bound(data(call, 12)))
+    msgs = [str(m.message) for m in w if "recompile limit" in str(m.message)]
+    assert len(msgs) == 1 and "(2 entries at the resume point after the graph break at line" in msgs[0], msgs
+    assert "The guard that kept failing: L[3] (a value on the stack) == " in msgs[0], msgs[0]
+    assert len(graphs) == 3, graphs   # before the break, then 2 at the resume point
+
+
+# ---------------------------------------------------------------------- explain's alias guards
+class _ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3),
+                                  nn.BatchNorm2d(8))
+
+    def forward(self, x, skip):
+        skip.add_(1)       # in place on an input: the graph holds only while no two inputs share memory
+        return self.body(x) + skip.sum()
+
+
+@torch.no_grad()   # outputs are compared as arrays; BatchNorm still updates its statistics
+def test_alias_guard_of_a_batchnorm_model_is_one_line_and_still_fails_on_aliasing():
+    torch.manual_seed(0)
+    model, twin = _ConvBN().train(), _ConvBN().train()
+    twin.load_state_dict(model.state_dict())
+    report = capture_explain(model)(data(9, 2, 3, 10, 10), torch.zeros(3))
+    twin(data(9, 2, 3, 10, 10), torch.zeros(3))   # the same update of its running statistics
+    guards = [str(g) for g in report.guards]   # one per guarded value (modules, parameters, buffers)
+    assert not any(" is not " in g for g in guards), guards   # were 105 pairs of 15 inputs
+    assert sum("NO_TENSOR_ALIASING" in g for g in guards) == 1 and len(guards) < 70, guards
+    compiled = capture_compile(model)
+    for call, alias in enumerate([False, True, False, True]):
+        x = data(call, 2, 3, 10, 10)
+        skip = (lambda t: t.view(-1)[:3]) if alias else (lambda t: torch.zeros(3))   # same shape and strides
+        mine, theirs = x.clone(), x.clone()
+        expected = twin(theirs, skip(theirs))
+        assert same(compiled(mine, skip(mine)), expected) and same(mine, theirs), alias
+    recompiles = compiled.capture_report.recompiles
+    assert len(recompiles) == 1 and recompiles[0].guard.startswith("_distinct("), recompiles
+    for a, b in zip(model.state_dict().values(), twin.state_dict().values()):
+        assert same(a, b)   # running statistics updated as eager's
 
 
 # ---------------------------------------------------------------------- containers

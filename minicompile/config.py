@@ -72,6 +72,10 @@ class Config:
     # CPU float32 matrix products: "auto" runs each shape with MKL's sgemm (aten.mm) or oneDNN's
     # matmul, whichever measured faster on this machine (aot/cpu_policy.py); "mkl" or "onednn" pins it.
     cpu_gemm: str = _env("MINICOMPILE_CPU_GEMM", "auto")
+    # "eager" pins every library choice that changes numerics to the call eager makes: matrix
+    # products through MKL's sgemm (aten.mm, as cpu_gemm="mkl") and attention through eager's fused
+    # kernel wherever eager ran it (as cpu_attention="flash"); "measured" leaves them to the knobs above.
+    cpu_libraries: str = _env("MINICOMPILE_CPU_LIBRARIES", "measured")
     # CPU float32 convolutions run channels-last: inference (aot/conv_layout.py) and training,
     # forward and backward (aot/conv_layout_train.py).
     conv_channels_last: bool = _env("MINICOMPILE_CONV_CHANNELS_LAST", True, bool)
@@ -100,6 +104,9 @@ class Config:
     # saves the cheapest set of values for backward, recomputing cheap elementwise chains;
     # "save_all" saves every forward value backward reads.
     partitioner: str = _env("MINICOMPILE_PARTITIONER", "min_cut")
+    # Every compiled graph also runs eagerly on the same inputs; the first call whose outputs differ
+    # names the kernel that diverges first and writes a reproducer (testing/check.py; README).
+    check: bool = _env("MINICOMPILE_CHECK", False, bool)
 
 
 config = Config()

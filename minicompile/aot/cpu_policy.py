@@ -43,15 +43,24 @@ def use_onednn_linear(mat1, mat2) -> bool:
     the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
     becomes its post-op (``fold_gelu_into_onednn_linear``).
     """
-    if config.cpu_gemm not in ("auto", "mkl", "onednn"):
-        raise ValueError(f"minicompile: cpu_gemm (MINICOMPILE_CPU_GEMM) is {config.cpu_gemm!r}; "
-                         "use 'auto', 'mkl' or 'onednn'")
-    if config.cpu_gemm == "mkl" or not _onednn_can_run(mat1, mat2):
+    mode = _pinned("cpu_gemm", "MINICOMPILE_CPU_GEMM", ("auto", "mkl", "onednn"), eager="mkl")
+    if mode == "mkl" or not _onednn_can_run(mat1, mat2):
         return False
-    if config.cpu_gemm == "onednn":
+    if mode == "onednn":
         return True
     return _measured_gemm(*(_hint(s) for s in (*mat1.shape, mat2.shape[1])),
                           _layout(mat1), _layout(mat2)) == "onednn"
+
+
+def _pinned(knob: str, env: str, valid: tuple, eager: str) -> str:
+    """A library knob's value; ``eager`` (eager's own library) when cpu_libraries is "eager"."""
+    if config.cpu_libraries not in ("measured", "eager"):
+        raise ValueError(f"minicompile: cpu_libraries (MINICOMPILE_CPU_LIBRARIES) is {config.cpu_libraries!r}; "
+                         "use 'measured' or 'eager'")
+    mode = getattr(config, knob)
+    if mode not in valid:
+        raise ValueError(f"minicompile: {knob} ({env}) is {mode!r}; use {', '.join(map(repr, valid))}")
+    return eager if config.cpu_libraries == "eager" else mode
 
 
 def _onednn_can_run(mat1, mat2) -> bool:
@@ -201,10 +210,7 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
     is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice. Where neither runs on
     operands laid out as the traced ones, the math form is chosen: it needs no library.
     """
-    mode = config.cpu_attention
-    if mode not in ("auto", "math", "flash"):
-        raise ValueError(f"minicompile: cpu_attention (MINICOMPILE_CPU_ATTENTION) is {mode!r}; "
-                         "use 'auto', 'math' or 'flash'")
+    mode = _pinned("cpu_attention", "MINICOMPILE_CPU_ATTENTION", ("auto", "math", "flash"), eager="flash")
     if mode != "auto":
         return mode == "flash"
     if not _hinted(query, key, value, attn_mask):  # a data-dependent size: nothing to time, eager's kernel

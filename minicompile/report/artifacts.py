@@ -84,17 +84,17 @@ def library_choices(aten_graph) -> list[str]:
     rather than aten.mm (MKL's sgemm on CPU), attention as our math form rather than eager's
     fused flash kernel. Empty when the graph has neither products nor attention."""
     onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-    counts, in_math = Counter(), False
+    counts = Counter()
     for n in aten_graph.graph.nodes:
-        math = n.op == "call_function" and n.target is not _FLASH and n.meta.get("original_aten") is _FLASH
-        counts["math"] += math and not in_math   # one run of decomposed nodes per attention call
-        in_math = math
+        # by name: the graph's meta may hold another object for the same overload (a deep copy)
+        decomposed = n.target is not _FLASH and str(n.meta.get("original_aten")) == str(_FLASH)
         if onednn is not None and n.target is onednn.default:
             counts["onednn"] += 1
-        elif n.target in _PRODUCTS and not math:
-            counts["mm"] += 1
+        elif n.target in _PRODUCTS:
+            counts["math" if decomposed else "mm"] += 1   # the math form: two products per call
         elif n.target is _FLASH:
             counts["flash"] += 1
+    counts["math"] //= 2
     out = []
     if counts["mm"] or counts["onednn"]:
         out.append(f"matrix products: {counts['mm']} as eager's (aten.mm/addmm/bmm: MKL's sgemm on CPU), "

@@ -39,6 +39,7 @@ from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.tools.repro import write_repro
 
 log = logging.getLogger("minicompile")
+aten = torch.ops.aten
 
 
 class DifferentialCheck:
@@ -110,12 +111,17 @@ def localise(compiled, found: str, expected, args: tuple, rng) -> str:
     return "\n".join(lines)
 
 
+# Ops whose result holds whatever the memory held: no value to compare or feed.
+UNDEFINED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default,
+             aten.new_empty_strided.default, aten.empty_permuted.default}
+
+
 def eager_values(gm: torch.fx.GraphModule, args: list):
     """(FX node name -> eager's value, the graph's outputs): ``gm`` interpreted one node at a time."""
     interpreter = torch.fx.Interpreter(gm, garbage_collect_values=False)
     with torch.no_grad():
         out = interpreter.run(*args)
-    return {n.name: v for n, v in interpreter.env.items()}, out
+    return {n.name: v for n, v in interpreter.env.items() if n.target not in UNDEFINED}, out
 
 
 class SteppedRun:
@@ -154,7 +160,7 @@ class SteppedRun:
                     continue
                 found = mismatch(expected, self.ns[buf.name], strides=False)
                 if found:
-                    return self._describe(kernel, buf, found)
+                    return self._describe(kernel, buf, found.removeprefix("output 0: "))
         return None
 
     def _exec(self, lines: list, name: str) -> None:

@@ -59,7 +59,8 @@ def _pinned(knob: str, env: str, valid: tuple, eager: str) -> str:
                          "use 'measured' or 'eager'")
     mode = getattr(config, knob)
     if mode not in valid:
-        raise ValueError(f"minicompile: {knob} ({env}) is {mode!r}; use {', '.join(map(repr, valid))}")
+        raise ValueError(f"minicompile: {knob} ({env}) is {mode!r}; use {', '.join(map(repr, valid[:-1]))} "
+                         f"or {valid[-1]!r}")
     return eager if config.cpu_libraries == "eager" else mode
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from minicompile.config import patch
 from minicompile.lowering.registry import LOWERINGS
-from minicompile.pipeline import compile_graph
+from minicompile.aot.passes import COMPILE_PASSES, trace_inference
 from minicompile.report.artifacts import library_choices
 
 aten = torch.ops.aten
@@ -69,10 +69,25 @@ def test_library_choices_show_and_eager_pins_eagers_libraries():
     qkv = [torch.randn(1, 2, 8, 4) for _ in range(3)] + [torch.randn(4, 4)]
     gm = torch.fx.symbolic_trace(f)
     with patch(cpu_gemm="onednn", cpu_attention="math"):
-        measured = library_choices(compile_graph(gm, qkv).aten_graph)
+        measured = library_choices(trace_inference(gm, qkv, COMPILE_PASSES))
         with patch(cpu_libraries="eager"):
-            eager = library_choices(compile_graph(gm, qkv).aten_graph)
+            eager = library_choices(trace_inference(gm, qkv, COMPILE_PASSES))
     assert "0 as eager's" in measured[0] and "1 in oneDNN" in measured[0], measured
     assert "0 in eager's fused flash kernel, 1 decomposed" in measured[1], measured
     assert "1 as eager's" in eager[0] and "0 in oneDNN" in eager[0], eager
     assert "1 in eager's fused flash kernel, 0 decomposed" in eager[1], eager
+
+
+def sin_tanh(x, w):
+    return (x.sin() * w).tanh()
+
+
+def test_check_covers_the_backward_half_of_a_training_graph(monkeypatch, caplog, fresh_dynamo):
+    monkeypatch.setitem(LOWERINGS, aten.cos.default, LOWERINGS[aten.sin.default])  # sin's gradient is now wrong
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    with patch(check=True), caplog.at_level(logging.WARNING, logger="minicompile"):
+        torch.compile(sin_tanh, backend="minicompile")(x, w).sum().backward()
+    reports = [r.getMessage() for r in caplog.records if "minicompile check" in r.getMessage()]
+    assert len(reports) == 1, reports  # the forward matched; the backward did not
+    assert re.search(r"first diverging step, fed eager's values of its inputs: kernel kernel\d+_\w+", reports[0])
+    assert re.search(r"FX nodes: .*\bcos\b", reports[0]), reports[0]

@@ -6,15 +6,16 @@
 Each call first runs the captured graph eagerly (on copies of the inputs the graph writes,
 from the random generator's state the compiled call then starts from), then the compiled graph
 on the caller's own tensors, so they end exactly as they would without the check. The first
-call whose outputs differ beyond testing/compare.py's tolerances is localised:
+call whose outputs differ beyond testing/compare.py's tolerances, and from a float64 run of the
+graph by more than rounding (ROUNDING: twice eager's own distance), is localised:
 
 1. The decomposed ATen graph is interpreted node by node: eager's value of every FX node.
    Where its outputs already differ from the captured graph's, a decomposition is to blame.
 2. The host wrapper is generated again without buffer reuse (codegen/wrapper.py) and run one
    step at a time. Each kernel call (or extern call) is fed eager's values of the buffers it
    reads, and the buffers it writes are compared with eager's values of the FX nodes they hold
-   (a buffer's last origin). The first step that differs is named, with its FX nodes and the
-   user's source lines. Where none differs alone, the compiled chain is run unfed and the
+   (a buffer's last origin), by the same rule. The first step that differs is named, with its
+   FX nodes and the user's source lines. Where none differs alone, the compiled chain is run unfed and the
    first buffer beyond tolerance is named: rounding that accumulates.
 3. A reproducer is written (tools/repro.py, with the input values that showed the difference).
 

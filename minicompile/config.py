@@ -146,6 +146,11 @@ class Config:
         "sgemm (`aten.mm`, as eager) unless oneDNN's matmul measured more than 10% faster on this machine "
         "(once per shape and thread count, remembered in the cache); `mkl` or `onednn` pins the library",
         choices=("auto", "mkl", "onednn"))
+    cpu_libraries: str = knob(
+        "MINICOMPILE_CPU_LIBRARIES", "measured", "`eager` pins every library choice that changes numerics "
+        "to the call eager makes: matrix products through MKL's sgemm (as `MINICOMPILE_CPU_GEMM=mkl`) and "
+        "attention through eager's fused kernel wherever eager runs it (as `MINICOMPILE_CPU_ATTENTION=flash`); "
+        "`measured` leaves them to those knobs", choices=("measured", "eager"))
     conv_channels_last: bool = knob(
         "MINICOMPILE_CONV_CHANNELS_LAST", True, "CPU float32 convolutions run channels-last: in inference "
         "(inputs and weights converted, 1x1 convolutions as oneDNN linear, eager's output layout "
@@ -179,6 +184,10 @@ class Config:
         "MINICOMPILE_PARTITIONER", "min_cut", "how training graphs are split into forward and backward: "
         "`min_cut` (recompute cheap elementwise chains instead of saving them) or `save_all`",
         choices=("min_cut", "save_all"))
+    check: bool = knob(
+        "MINICOMPILE_CHECK", False, "every compiled graph also runs eagerly on the same inputs; the first "
+        "call whose outputs differ names the kernel that diverges first (its FX nodes and source lines) and "
+        "writes a reproducer (testing/check.py; Checking results above)")
 
 
 # Variables read by the tests and scripts, not by the compiler: known, so not reported as typos.

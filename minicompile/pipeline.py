@@ -30,6 +30,7 @@ from minicompile.ir.graph import LoopGraph
 from minicompile.lowering import lower
 from minicompile.runtime import cache
 from minicompile.scheduler.fusion import Schedule, schedule
+from minicompile.testing.check import DifferentialCheck
 from minicompile.report import artifacts
 from minicompile.report.highlight import highlight
 
@@ -53,6 +54,9 @@ class CompiledGraph:
     out_spec: Any
     timings: dict = field(default_factory=dict)
     lifted: tuple = ()          # the graph's tensor attributes, passed after the caller's inputs
+    code: Any = None            # the generated Code and the loaded kernels: MINICOMPILE_CHECK reruns
+    lib: Any = None             # them step by step (testing/check.py)
+    check: Any = None           # MINICOMPILE_CHECK=1: a DifferentialCheck every call goes through
 
     def __post_init__(self):
         # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
@@ -64,6 +68,11 @@ class CompiledGraph:
                                     and self.out_spec.num_nodes == len(flat_tuple) + 1)
 
     def __call__(self, *args):
+        if self.check is not None:
+            return self.check(self.run_compiled, args)
+        return self.run_compiled(args)
+
+    def run_compiled(self, args: tuple):
         if self.lifted:
             args = args + self.lifted
         flat = self.run(args)
@@ -125,7 +134,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGr
     lib = t("build", be.load, code.kernels)                         # runtime/
     run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
     compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
-                             out_spec, t.timings, aten.meta["lifted"])
+                             out_spec, t.timings, aten.meta["lifted"], code, lib)
+    if config.check:
+        compiled.check = DifferentialCheck(gm, compiled)
     _debug_dump(compiled, gm)
     return compiled
 

@@ -43,12 +43,19 @@ def use_onednn_linear(mat1, mat2) -> bool:
     the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
     becomes its post-op (``fold_gelu_into_onednn_linear``).
     """
-    if config.cpu_gemm == "mkl" or not _onednn_can_run(mat1, mat2):
+    mode = _pinned("cpu_gemm", eager="mkl")
+    if mode == "mkl" or not _onednn_can_run(mat1, mat2):
         return False
-    if config.cpu_gemm == "onednn":
+    if mode == "onednn":
         return True
     return _measured_gemm(*(_hint(s) for s in (*mat1.shape, mat2.shape[1])),
                           _layout(mat1), _layout(mat2)) == "onednn"
+
+
+def _pinned(knob: str, eager: str) -> str:
+    """A library knob's value (config checked it); ``eager``, eager's own library, when
+    cpu_libraries is "eager"."""
+    return eager if config.cpu_libraries == "eager" else getattr(config, knob)
 
 
 def _onednn_can_run(mat1, mat2) -> bool:
@@ -198,7 +205,7 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
     is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice. Where neither runs on
     operands laid out as the traced ones, the math form is chosen: it needs no library.
     """
-    mode = config.cpu_attention
+    mode = _pinned("cpu_attention", eager="flash")
     if mode != "auto":
         return mode == "flash"
     if not _hinted(query, key, value, attn_mask):  # a data-dependent size: nothing to time, eager's kernel

@@ -40,8 +40,9 @@ from minicompile.scheduler.kernel import FusedKernel
 
 class WrapperCode:
     def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict, groups: dict | None = None,
-                 prepared: CachedPreparation | None = None):
+                 prepared: CachedPreparation | None = None, reuse_memory: bool = True):
         self.graph = graph
+        self.reuse_memory = reuse_memory  # off: every buffer keeps its own memory (testing/check.py)
         self.prepared = prepared        # supplies the trailing placeholders (runtime/prepared.py)
         self.schedule = schedule
         self.storage = graph.mutations  # a buffer that writes into an input is that input
@@ -135,8 +136,9 @@ class WrapperCode:
                 buf = self._buffer(name)
                 if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
                     continue
-                if isinstance(buf, ComputedBuffer) or writes_out(buf):
+                if self.reuse_memory and (isinstance(buf, ComputedBuffer) or writes_out(buf)):
                     pool.setdefault(_pool_key(buf), []).append(name)
+        self.steps = steps  # per schedule step: (profiler event, lines), run one by one in testing/check.py
         self.lines = [ln for _, lines in steps for ln in lines]
         ret = ", ".join(self.value(o) for o in graph.outputs)
         head = [
@@ -165,7 +167,7 @@ class WrapperCode:
         head += [f"    {name} = lib.{name}" for name in self.kernel_args]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")
-        unpack = self._unpack(names) + sizes
+        unpack = self.prologue = self._unpack(names) + sizes
         ret_line = f"return ({ret}{',' if len(graph.outputs) == 1 else ''})"
         profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
         plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",

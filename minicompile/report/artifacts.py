@@ -8,10 +8,15 @@ prints. The printers need only a CompiledGraph's fields, so the pipeline can cal
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from minicompile.aot.passes import constructed_by
+
+aten = torch.ops.aten
 
 
 @dataclass
@@ -64,7 +69,41 @@ def fusion_text(compiled) -> str:
         lines += ["    " + ln for ln in per_kernel]
     elif compiled.externs or compiled.schedule.steps:
         lines.append("user source lines: none recorded (the tracer kept no stack traces for this graph)")
+    lines += [f"library choice: {c}" for c in library_choices(compiled.aten_graph)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+_PRODUCTS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+_EAGER_HINT = "MINICOMPILE_CPU_LIBRARIES=eager gives eager's"
+
+
+def library_choices(aten_graph) -> list[str]:
+    """The library calls of an ATen graph whose rounding differs from eager's, against the ones
+    eager makes (aot/cpu_policy.py measures the choice): matrix products in oneDNN's matmul
+    rather than aten.mm (MKL's sgemm on CPU), attention as our math form rather than eager's
+    fused flash kernel. Empty when the graph has neither products nor attention."""
+    onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    counts = Counter()
+    for n in aten_graph.graph.nodes:
+        # by name: the graph's meta may hold another object for the same overload (a deep copy)
+        decomposed = n.target is not _FLASH and str(n.meta.get("original_aten")) == str(_FLASH)
+        if onednn is not None and n.target is onednn.default:
+            counts["onednn"] += 1
+        elif n.target in _PRODUCTS:
+            counts["math" if decomposed else "mm"] += 1   # the math form: two products per call
+        elif n.target is _FLASH:
+            counts["flash"] += 1
+    counts["math"] //= 2
+    out = []
+    if counts["mm"] or counts["onednn"]:
+        out.append(f"matrix products: {counts['mm']} as eager's (aten.mm/addmm/bmm: MKL's sgemm on CPU), "
+                   f"{counts['onednn']} in oneDNN's matmul (measured faster here, or MINICOMPILE_CPU_GEMM=onednn; "
+                   f"{_EAGER_HINT})")
+    if counts["flash"] or counts["math"]:
+        out.append(f"attention: {counts['flash']} in eager's fused flash kernel, {counts['math']} decomposed to "
+                   f"our math form (measured faster here, or MINICOMPILE_CPU_ATTENTION=math; {_EAGER_HINT})")
+    return out
 
 
 def kernel_text(compiled) -> str:

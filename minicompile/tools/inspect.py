@@ -21,7 +21,7 @@ import torch
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.capture.explain import CaptureReport
 from minicompile.pipeline import CompiledGraph
-from minicompile.report.artifacts import STAGES, ReportStage, banner, stage_file, summary
+from minicompile.report.artifacts import STAGES, ReportStage, banner, library_choices, stage_file, summary
 from minicompile.tools.capture import FRONTENDS, capture_dynamo
 from minicompile.report.highlight import highlight
 from minicompile.tools.repro import write_repro
@@ -65,6 +65,7 @@ def headline(report: CaptureReport, name: str) -> str:
         detail = _summary(rec.compiled) if rec.compiled is not None else rec.note
         start = f" from offset {rec.offset}" if rec.offset else ""
         lines.append(f"  graph {i}: {rec.code_name}(){start}: {detail}")
+        lines += [f"    library choice: {c}" for c in _library_choices(rec.compiled)]
     lines += [f"  fallback to {f.kind} for {f.code_name}(): {f.reason}" for f in report.fallbacks]
     what = "output and gradients" if any(isinstance(r.compiled, TrainingGraph) for r in report.graphs) else "output"
     lines.append(f"  compiled {what} vs eager: {_compare(report.output, report.eager_output)}")
@@ -115,6 +116,12 @@ def _summary(compiled) -> str:
     halves = dict(_halves(compiled))
     return "training graph; " + "; ".join(f"{half}: {summary(halves[half]) if half in halves else 'runs eagerly'}"
                                           for half in ("forward", "backward"))
+
+
+def _library_choices(compiled) -> list[str]:
+    if isinstance(compiled, TrainingGraph):
+        return [f"{half}: {c}" for half, g in _halves(compiled) for c in library_choices(g.aten_graph)]
+    return library_choices(compiled.aten_graph) if isinstance(compiled, CompiledGraph) else []
 
 
 def breaks_text(report: CaptureReport) -> str:

@@ -44,6 +44,8 @@ CONSTANTS = {constants!r}   # get_attr tensors, stored in constants.pt
 {graph_code}
 
 def make_inputs(seed=0):
+    if os.path.exists(os.path.join(HERE, "inputs.pt")):  # the values the graph was seen to differ on
+        return torch.load(os.path.join(HERE, "inputs.pt"))
     gen = torch.Generator().manual_seed(seed)
     out = []
     for name, shape, stride, dtype, bounds in INPUTS:
@@ -113,9 +115,13 @@ if __name__ == "__main__":
 '''
 
 
-def write_repro(compiled, example_inputs: list, directory: str, title: str = "") -> str:
-    """Write ``repro.py`` for ``compiled`` into ``directory``; returns its path."""
+def write_repro(compiled, example_inputs: list, directory: str, title: str = "", values: list | None = None) -> str:
+    """Write ``repro.py`` for ``compiled`` into ``directory``; returns its path. With ``values`` (the
+    graph's inputs), the script runs on those, saved in ``inputs.pt``, rather than random ones."""
     os.makedirs(directory, exist_ok=True)
+    if values is not None:
+        torch.save([v.detach() if isinstance(v, torch.Tensor) else v for v in values],
+                   os.path.join(directory, "inputs.pt"))
     gm = compiled.aten_graph
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     rows = [_input_row(n, x) for n, x in zip(placeholders, example_inputs)]

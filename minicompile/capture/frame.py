@@ -17,6 +17,7 @@ from minicompile.capture.registry import HANDLERS
 
 PY311 = sys.version_info[:2] == (3, 11)
 PY312 = sys.version_info[:2] == (3, 12)
+PY313 = sys.version_info[:2] == (3, 13)
 
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
@@ -103,7 +104,7 @@ def _unsplittable(insts: list) -> str | None:
 
 
 _GRAD_CTX_NAMES = {"no_grad", "enable_grad"}
-_CALL_SETUP = {"PRECALL", "CALL", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
+_CALL_SETUP = {"PRECALL", "CALL", "CALL_KW", "PUSH_NULL", "CACHE", "EXTENDED_ARG", "NOP"}
 
 
 def _is_grad_mode_with(insts: list, i: int) -> bool:
@@ -253,4 +254,4 @@ def arg_names(code: types.CodeType) -> tuple:
     return code.co_varnames[:n]
 
 
-__all__ = ["Frame", "code_info", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312"]
+__all__ = ["Frame", "code_info", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312", "PY313"]

@@ -5,8 +5,8 @@ keyword names on the stack (CALL_KW), makes truth tests explicit (TO_BOOL before
 ``not``), sets a new function's defaults, annotations and closure one SET_FUNCTION_ATTRIBUTE at
 a time after a bare MAKE_FUNCTION, and splits FORMAT_VALUE into CONVERT_VALUE, FORMAT_SIMPLE and
 FORMAT_WITH_SPEC. Older Pythons never emit these names, so registering them always is harmless.
-The changes to opcodes that 3.11 and 3.12 share (where CALL's NULL lies, FOR_ITER's exit,
-COMPARE_OP's bool bit) live in their handlers.
+The changes to opcodes that 3.11 and 3.12 share (where CALL's NULL lies, FOR_ITER's exit) live in
+their handlers.
 """
 from __future__ import annotations
 
@@ -48,7 +48,11 @@ def _store_fast_store_fast(frame, inst):
 # ---------------------------------------------------------------------- truth, calls, functions
 @op("TO_BOOL")
 def _to_bool(frame, inst):
-    frame.stack[-1] = semantics.truth(frame.tracer, frame.stack[-1])
+    """Where a branch follows, the branch takes the truth value itself, as on 3.11 (so a graph
+    break on a tensor's truth is at the branch and resumes on either side of it); COMPARE_OP's
+    bool bit is left to the branch in the same way."""
+    if frame.insts[frame.ip].opname not in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE"):
+        frame.stack[-1] = semantics.truth(frame.tracer, frame.stack[-1])
 
 
 def _split_call_kw(stack: list, argc: int):

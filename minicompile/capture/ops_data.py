@@ -12,7 +12,7 @@ import operator
 from minicompile.capture import objects, semantics
 from minicompile.capture.calls import call
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.frame import PY311, PY313
+from minicompile.capture.frame import PY311
 from minicompile.capture.registry import HANDLERS, op
 from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
 
@@ -31,11 +31,6 @@ def _on_top(n: int, fn, push: bool = True):
     return handler
 
 
-def _to_bool(tracer, inst, v):
-    """3.13's COMPARE_OP converts its result to bool where a branch consumes it (bit 16)."""
-    return semantics.truth(tracer, v) if PY313 and inst.arg & 16 else v
-
-
 def _intrinsic(tracer, inst, v):
     if inst.arg == 5:    # INTRINSIC_UNARY_POSITIVE
         return semantics.unary(tracer, operator.pos, v)
@@ -46,8 +41,7 @@ def _intrinsic(tracer, inst, v):
 
 HANDLERS.update({
     "BINARY_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, BINARY[inst.arg], a, b)),
-    "COMPARE_OP": _on_top(2, lambda tr, inst, a, b: _to_bool(tr, inst, semantics.binary(
-        tr, semantics.COMPARE_OPS[inst.argval], a, b))),
+    "COMPARE_OP": _on_top(2, lambda tr, inst, a, b: semantics.binary(tr, semantics.COMPARE_OPS[inst.argval], a, b)),
     "IS_OP": _on_top(2, lambda tr, inst, a, b: semantics.identity(a, b) != bool(inst.arg)),
     "CONTAINS_OP": _on_top(2, lambda tr, inst, item, c: semantics.contains(tr, item, c) != bool(inst.arg)),
     "UNARY_NEGATIVE": _on_top(1, lambda tr, inst, v: semantics.unary(tr, operator.neg, v)),

@@ -157,7 +157,8 @@ def comprehensions(x, n):
 def strings(x, n):
     w = 6
     name = "v"
-    return f"{n}", f"{n!r:>5}", f"{n!s}{name!a}", f"{n:{w}}", f"{x.shape[0]:03d}-{name}", "%d" % n
+    return (f"{n}", f"{n!r:>5}", f"{n!s}{name!a}", f"{n:{w}}", f"{x.shape[0]:03d}-{name}", "%d" % n,
+            f"{x.shape}", str(x.size()))   # torch.Size([4, 3]), not (4, 3)
 
 
 def calls(x, n):

@@ -15,6 +15,7 @@ import torch
 
 from minicompile.capture import compile as capture_compile
 from minicompile.capture import explain as capture_explain
+from minicompile.capture.native import _REAL, _State
 from minicompile.capture.registry import HANDLERS
 from tests.capture import opcode_cases as cases
 from tests.capture.opcode_cases import BREAK_CASES, CASES, HELPERS, NOT_EMITTED, asserts, globals_and_imports, raises
@@ -90,3 +91,25 @@ def test_graph_break_resumes_like_cpython(fn):
     report = _check(fn, [_inputs(0, 3), _inputs(1, 3), _inputs(2, 2), _inputs(3, 1)])
     assert report.break_count >= 1, report
     assert report.fallbacks == [], report
+
+
+def _outer(a):
+    def inner(q=1, *, k=2) -> int:
+        return q + a + k
+    return inner
+
+
+def test_native_make_function_builds_what_cpython_builds():
+    """Where a frame runs in Python after a break (native.py), MAKE_FUNCTION (and on 3.13 the
+    SET_FUNCTION_ATTRIBUTEs after it, as one step) builds the function CPython builds."""
+    code = next(c for c in _outer.__code__.co_consts if isinstance(c, types.CodeType))
+    cell = types.CellType(10)
+    state = _State(types.SimpleNamespace(code=_outer.__code__, globals=globals()), {}, {"a": cell},
+                   [(1,), {"k": 2}, ("return", int), (cell,), code])
+    inst = next(i for i in dis.get_instructions(_outer) if i.opname == "MAKE_FUNCTION")
+    _REAL["MAKE_FUNCTION"](state, inst)
+    fn, expected = state.stack.pop(), _outer(10)
+    assert state.stack == [] and (fn(), fn(5, k=1)) == (expected(), expected(5, k=1)) == (13, 16)
+    assert fn.__annotations__ == expected.__annotations__
+    after = state.target if state.target is not None else inst.offset + 2
+    assert next(i for i in dis.get_instructions(_outer) if i.offset == after).opname == "STORE_FAST"

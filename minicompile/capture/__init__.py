@@ -1,4 +1,4 @@
-"""minicompile's own capture front end: a CPython 3.11/3.12 bytecode tracer.
+"""minicompile's own capture front end: a CPython 3.11/3.12/3.13 bytecode tracer.
 
     from minicompile.capture import compile, explain
     f = compile(fn)                 # or @compile / compile(fn, backend=...)
@@ -8,6 +8,7 @@ See docs/capture.md for how it works.
 """
 # The interpreter's opcode table is filled by importing the handler modules.
 from minicompile.capture import interpreter as _interpreter  # noqa: F401
+from minicompile.capture import opcodes313 as _opcodes313  # noqa: F401
 from minicompile.capture import ops_data as _ops_data  # noqa: F401
 from minicompile.capture.api import CompiledModule, compile, explain
 from minicompile.capture.cache import eager_backend

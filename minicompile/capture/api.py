@@ -19,7 +19,7 @@ from minicompile.capture.cache import CaptureContext, _module_hooks, eager_backe
 from minicompile.capture.calls import class_call
 from minicompile.capture.explain import CaptureReport
 
-SUPPORTED_PYTHON = ((3, 11), (3, 12))
+SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
 
 
 def _python_version() -> tuple:
@@ -31,7 +31,7 @@ def _version_problem() -> str | None:
     v = _python_version()
     if tuple(v) in SUPPORTED_PYTHON:
         return None
-    return (f"minicompile capture reads CPython 3.11/3.12 bytecode, but this is Python "
+    return (f"minicompile capture reads CPython 3.11-3.13 bytecode, but this is Python "
             f"{v[0]}.{v[1]}; falling back to torch.fx.symbolic_trace (or eager)")
 
 

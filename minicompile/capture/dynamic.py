@@ -136,7 +136,7 @@ def concrete(v):
     if isinstance(v, SYM_TYPES):
         return _CONCRETE[type(v)](v)
     if isinstance(v, (tuple, list)) and type(v) in (tuple, list, torch.Size):
-        return (list if type(v) is list else tuple)(concrete(x) for x in v)
+        return type(v)([concrete(x) for x in v])   # a torch.Size stays one: str() shows it
     return v
 
 

@@ -17,6 +17,7 @@ from minicompile.capture.registry import HANDLERS
 
 PY311 = sys.version_info[:2] == (3, 11)
 PY312 = sys.version_info[:2] == (3, 12)
+PY313 = sys.version_info[:2] == (3, 13)
 
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
@@ -237,4 +238,5 @@ def arg_names(code: types.CodeType) -> tuple:
     return code.co_varnames[:n]
 
 
-__all__ = ["Frame", "code_info", "handler_for", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311", "PY312"]
+__all__ = ["Frame", "code_info", "handler_for", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311",
+           "PY312", "PY313"]

@@ -12,7 +12,7 @@ import types
 import weakref
 
 from minicompile.capture import semantics
-from minicompile.capture.frame import PY311, Frame
+from minicompile.capture.frame import PY311, PY313, Frame
 from minicompile.capture.registry import HANDLERS, op
 from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
                                            GraphBreak, LazyIter, MissingAttribute,
@@ -72,19 +72,27 @@ def _nop(frame, inst):
 # ---------------------------------------------------------------------- locals
 @op("LOAD_FAST", "LOAD_FAST_CHECK")
 def _load_fast(frame, inst):
-    try:
-        frame.push(frame.locals[inst.argval])
-    except KeyError:
-        raise GraphBreak(f"UnboundLocalError: {inst.argval}") from None
+    frame.push(load_local(frame, inst.argval))
 
 
 @op("STORE_FAST")
 def _store_fast(frame, inst):
-    v = frame.pop()
-    if v is NULL:
-        frame.locals.pop(inst.argval, None)
+    store_local(frame, inst.argval, frame.pop())
+
+
+def load_local(frame, name: str):
+    if name in frame.locals:
+        return frame.locals[name]
+    if name in frame.cells:   # 3.13 loads a cell itself (to build a closure) with LOAD_FAST
+        return frame.cells[name]
+    raise GraphBreak(f"UnboundLocalError: {name}")
+
+
+def store_local(frame, name: str, v) -> None:
+    if v is NULL:   # LOAD_FAST_AND_CLEAR's saved "unbound", restored after a comprehension
+        frame.locals.pop(name, None)
     else:
-        frame.locals[inst.argval] = v
+        frame.locals[name] = v
 
 
 # ---------------------------------------------------------------------- cells
@@ -128,9 +136,11 @@ def cell_get(tracer, cell, name: str):
 # ---------------------------------------------------------------------- globals
 @op("LOAD_GLOBAL")
 def _load_global(frame, inst):
+    value = load_global(frame, inst.argval)
     if inst.arg & 1:
-        frame.push(NULL)
-    frame.push(load_global(frame, inst.argval))
+        semantics.push_callable(frame.stack, value)
+    else:
+        frame.push(value)
 
 
 def load_global(frame: Frame, name: str):
@@ -167,7 +177,7 @@ HANDLERS.update({
     "POP_TOP": lambda frame, inst: frame.pop(),
     "PUSH_NULL": lambda frame, inst: frame.push(NULL),
     "COPY": lambda frame, inst: frame.push(frame.stack[-inst.arg]),
-    "END_FOR": lambda frame, inst: frame.popn(2),
+    "END_FOR": lambda frame, inst: frame.popn(1 if PY313 else 2),
     "RETURN_VALUE": lambda frame, inst: _return(frame, frame.pop()),
     "RETURN_CONST": lambda frame, inst: _return(frame, inst.argval),
     "KW_NAMES": lambda frame, inst: setattr(frame, "kw_names", frame.code.co_consts[inst.arg]),
@@ -243,8 +253,8 @@ def _for_iter(frame, inst):
         frame.pop()
         if PY311:
             frame.jump(inst.argval)
-        else:  # 3.12 jumps to END_FOR and skips it
-            frame.ip = frame.info.index_of[inst.argval] + 1
+        else:  # 3.12 jumps to END_FOR and skips it, 3.13 to END_FOR, POP_TOP and skips both
+            frame.ip = frame.info.index_of[inst.argval] + (2 if PY313 else 1)
     else:
         frame.push(v)
 
@@ -253,7 +263,7 @@ def _for_iter(frame, inst):
 @op("MAKE_FUNCTION")
 def _make_function(frame, inst):
     code = frame.pop()
-    flags = inst.arg
+    flags = inst.arg or 0   # 3.13: no flags, SET_FUNCTION_ATTRIBUTE sets each part after
     closure = frame.pop() if flags & 0x08 else ()
     annotations = frame.pop() if flags & 0x04 else None
     if type(annotations) is tuple:   # (name, value, name, value, ...) since Python 3.10

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import types
 
-from minicompile.capture.frame import code_info, handler_for
+from minicompile.capture.frame import PY313, code_info, handler_for
 from minicompile.capture.registry import HANDLERS   # filled by interpreter.py and ops_data.py
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.variables import NULL
@@ -24,11 +24,18 @@ _VALUE_MOVES = {"NOP", "RESUME", "PRECALL", "CACHE", "EXTENDED_ARG", "LOAD_FAST"
                 "PUSH_NULL", "COPY", "SWAP", "END_FOR", "RETURN_VALUE", "RETURN_CONST", "JUMP_FORWARD",
                 "JUMP", "JUMP_NO_INTERRUPT", "BUILD_TUPLE", "BUILD_LIST", "BUILD_MAP", "BUILD_CONST_KEY_MAP",
                 "BUILD_STRING", "BUILD_SLICE", "LIST_APPEND", "MAP_ADD", "LIST_TO_TUPLE", "IS_OP",
-                "KW_NAMES", "LOAD_ASSERTION_ERROR"}
+                "KW_NAMES", "LOAD_ASSERTION_ERROR", "LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST",
+                "STORE_FAST_STORE_FAST"}
 
 
 def _make_function(s, inst):
-    code, flags = s.pop(), inst.arg
+    code, flags = s.pop(), inst.arg or 0
+    if PY313:   # the SET_FUNCTION_ATTRIBUTEs that follow name the parts: one step with them
+        info = code_info(s.code)
+        i = info.index_of[inst.offset] + 1
+        while info.insts[i].opname == "SET_FUNCTION_ATTRIBUTE":
+            flags, i = flags | info.insts[i].arg, i + 1
+        s.target = info.insts[i].offset
     closure = s.pop() if flags & 0x08 else None
     annotations = s.pop() if flags & 0x04 else None
     kwdefaults = s.pop() if flags & 0x02 else None

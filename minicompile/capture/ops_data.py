@@ -173,8 +173,9 @@ def _load_attr(frame, inst):
     value = semantics.getattr_(frame.tracer, obj, inst.argval)
     frame.pop()
     if not PY311 and inst.arg & 1:  # 3.12 method form: [NULL, bound] behaves like [meth, self]
-        frame.push(NULL)
-    frame.push(value)
+        semantics.push_callable(frame.stack, value)
+    else:
+        frame.push(value)
 
 
 @op("LOAD_SUPER_ATTR")
@@ -186,8 +187,9 @@ def _load_super_attr(frame, inst):
     value = semantics.getattr_(frame.tracer, objects.make_super(frame.tracer, [cls, self_]), inst.argval)
     frame.popn(3)
     if inst.arg & 1:
-        frame.push(NULL)
-    frame.push(value)
+        semantics.push_callable(frame.stack, value)
+    else:
+        frame.push(value)
 
 
 @op("LOAD_METHOD")
@@ -215,6 +217,8 @@ def _call_function_ex(frame, inst):
     kwargs = frame.stack[-1] if has_kw else {}
     star = frame.stack[-1 - has_kw]
     fn = frame.stack[-2 - has_kw]
+    if fn is NULL:   # 3.13: [callable, NULL, args]
+        fn = frame.stack[-3 - has_kw]
     if not isinstance(kwargs, dict):
         raise GraphBreak("** of a non-dict")
     args = semantics.iterate(frame.tracer, star)

@@ -13,9 +13,9 @@ import builtins as _builtins
 import dis
 import operator
 
-from minicompile.capture.frame import PY311, code_info
+from minicompile.capture.frame import PY311, PY313, code_info
 from minicompile.capture.registry import registrar
-from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, split_call
+from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, push_callable, split_call
 from minicompile.capture.variables import NULL, ResumeIter
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
@@ -52,6 +52,10 @@ class BreakAction:
         return f"<graph break at {self.where}: {self.reason}>"
 
 
+def _compare(inst, result):
+    return bool(result) if PY313 and inst.arg & 16 else result   # 3.13's COMPARE_OP to bool
+
+
 def _iter_items(v) -> ResumeIter:
     if isinstance(v, ResumeIter):
         return v
@@ -74,8 +78,8 @@ def _call_ex(action, stack):
     has_kw = action.inst.arg & 1
     kwargs = stack.pop() if has_kw else {}
     args = stack.pop()
-    fn = stack.pop()
-    stack.pop()  # NULL
+    fn, below = stack.pop(), stack.pop()   # [NULL, callable] until 3.12, [callable, NULL] from 3.13
+    fn = below if fn is NULL else fn
     stack.append(action.cache.ctx.native_callable(fn)(*args, **kwargs))
     return action.next_offset
 
@@ -130,7 +134,7 @@ def _effect(n: int, fn):
 
 NATIVE_STEPS.update({
     "BINARY_OP": _pure(2, lambda inst, a, b: BINARY_OPS[_NB_SYMBOLS[inst.arg]](a, b)),
-    "COMPARE_OP": _pure(2, lambda inst, a, b: COMPARE_OPS[inst.argval](a, b)),
+    "COMPARE_OP": _pure(2, lambda inst, a, b: _compare(inst, COMPARE_OPS[inst.argval](a, b))),
     "CONTAINS_OP": _pure(2, lambda inst, a, b: (a in b) != bool(inst.arg)),
     "UNARY_NEGATIVE": _pure(1, lambda inst, v: -v),
     "UNARY_POSITIVE": _pure(1, lambda inst, v: +v),
@@ -152,8 +156,9 @@ NATIVE_STEPS.update({
 def _load_attr(action, stack):
     value = getattr(stack.pop(), action.inst.argval)
     if action.inst.opname == "LOAD_METHOD" or not PY311 and action.inst.arg & 1:
-        stack.append(NULL)
-    stack.append(value)
+        push_callable(stack, value)
+    else:
+        stack.append(value)
     return action.next_offset
 
 
@@ -161,16 +166,18 @@ def _load_attr(action, stack):
 def _load_global(action, stack):
     name = action.inst.argval
     g = action.cache.globals
-    if action.inst.arg & 1:
-        stack.append(NULL)
     if name in g:
-        stack.append(g[name])
+        value = g[name]
     else:
         b = g.get("__builtins__", _builtins)
         b = b if isinstance(b, dict) else b.__dict__
         if name not in b:
             raise NameError(f"name {name!r} is not defined")
-        stack.append(b[name])
+        value = b[name]
+    if action.inst.arg & 1:
+        push_callable(stack, value)
+    else:
+        stack.append(value)
     return action.next_offset
 
 
@@ -185,8 +192,8 @@ def _for_iter(action, stack):
         stack.pop()
         if PY311:
             return action.inst.argval
-        info = code_info(action.cache.code)
-        return info.insts[info.index_of[action.inst.argval] + 1].offset
+        info = code_info(action.cache.code)   # past END_FOR (3.12), past END_FOR, POP_TOP (3.13)
+        return info.insts[info.index_of[action.inst.argval] + (2 if PY313 else 1)].offset
 
 
 @native("UNPACK_SEQUENCE")

@@ -8,6 +8,7 @@ import collections.abc
 import inspect
 import numbers
 import operator
+import sys
 import types
 
 import torch
@@ -36,6 +37,7 @@ _OUT_OF_PLACE = {fn: BINARY_OPS[sym[:-1]] for sym, fn in BINARY_OPS.items() if s
 COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                ">": operator.gt, ">=": operator.ge}
 _COMPARES = set(COMPARE_OPS.values())
+NULL_FIRST = sys.version_info < (3, 13)
 
 
 _OD = collections.OrderedDict()
@@ -536,11 +538,12 @@ objects._SOURCED_C_METHODS.update({   # super().__getattribute__/__setattr__: th
 
 
 def split_call(stack: list, argc: int, kw_names: tuple):
-    """(callable, positional args, kwargs) of a CALL, without touching the stack."""
+    """(callable, positional args, kwargs) of a CALL, without touching the stack. Below the
+    arguments lie [NULL, callable] (3.11/3.12), [callable, NULL] (3.13) or [method, self]."""
     args = stack[len(stack) - argc:] if argc else []
     first, second = stack[-argc - 2], stack[-argc - 1]
-    if first is NULL:
-        fn = second
+    if first is NULL or second is NULL:
+        fn = second if first is NULL else first
     else:
         fn, args = first, [second, *args]
     nkw = len(kw_names)
@@ -548,3 +551,9 @@ def split_call(stack: list, argc: int, kw_names: tuple):
     if nkw:
         args = args[:len(args) - nkw]
     return fn, list(args), kwargs
+
+
+def push_callable(stack: list, fn) -> None:
+    """Push ``fn`` with the NULL that marks "no self" where this Python puts it (LOAD_GLOBAL's and
+    LOAD_ATTR's low bit, CALL_FUNCTION_EX): before the callable until 3.12, after it from 3.13."""
+    stack.extend((NULL, fn) if NULL_FIRST else (fn, NULL))

@@ -53,6 +53,7 @@ class CompiledGraph:
     out_spec: Any
     timings: dict = field(default_factory=dict)
     lifted: tuple = ()          # the graph's tensor attributes, passed after the caller's inputs
+    kernel_args: dict = field(default_factory=dict)   # kernel (or group) name -> its pointer/size argument names
 
     def __post_init__(self):
         # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
@@ -125,7 +126,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGr
     lib = t("build", be.load, code.kernels)                         # runtime/
     run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
     compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
-                             out_spec, t.timings, aten.meta["lifted"])
+                             out_spec, t.timings, aten.meta["lifted"], code.kernels.kernel_args)
     _debug_dump(compiled, gm)
     return compiled
 

@@ -5,7 +5,7 @@ report/artifacts.py): the headline, graph breaks and guards, then per graph its 
 graph, ATen graph, loop IR, fusion groups, kernels (highlighted) and wrapper; for ``--train``
 each graph's partition report and both halves. Charts (inline SVG bars) show the time each
 compile pass took; ``--profile`` runs every graph again under torch.profiler and charts each
-kernel's time per call, the bytes its arguments hold, and the fraction of the machine's copy
+kernel's time per call (median), the bytes its arguments hold, and the fraction of the machine's copy
 bandwidth that moving those bytes in that time achieves (a per-kernel roofline).
 
 No network: the CSS, the script and the charts are inline. Every piece of text (model
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -51,13 +53,13 @@ def run_report(target_spec: str, out: str, train: bool = False, profile_kernels:
     page = render_page(report, target.name, profile_kernels)
     with open(out, "w", encoding="utf-8") as f:
         f.write(page)
-    stream.write(headline(report, target.name))
+    stream.write(headline(report, target.name, "report"))
     stream.write(f"wrote {out} ({len(page.encode()) / 1e3:.0f} KB)\n")
     return 0
 
 
 def render_page(report, name: str, profile_kernels: bool = False) -> str:
-    sections = [Section("summary", "summary", _pre(headline(report, name))),
+    sections = [Section("summary", "summary", _pre(headline(report, name, "report"))),
                 Section("timings", "compile time per pass", _timing_charts(report))]
     if profile_kernels:
         sections.append(Section("profile", "kernel profile (per-kernel roofline)", _profile_section(report)))
@@ -136,12 +138,13 @@ def profile_kernels(report, calls: int = PROFILE_CALLS) -> list[KernelProfile]:
         graph_events = sorted({e.name: e.time_range.start for e in prof.events()
                                if e.name.startswith("minicompile_graph_")}.items(), key=lambda kv: kv[1])
         for (event, _), (half, compiled) in zip(graph_events, halves):
-            times: dict = {}
+            times: dict = {}   # kernel -> the CPU time of each of its calls, in microseconds
             for e in prof.events():
                 if e.name in compiled.kernel_args and _inside(e, event):
-                    times[e.name] = times.get(e.name, 0.0) + e.cpu_time_total
+                    times.setdefault(e.name, []).append(e.cpu_time_total)
             label = f"graph {i}{' ' + half if half else ''}"
-            out += [KernelProfile(label, k, us / calls, argument_bytes(compiled, k)) for k, us in times.items()]
+            out += [KernelProfile(label, k, statistics.median(us), argument_bytes(compiled, k))
+                    for k, us in times.items()]
     return out
 
 
@@ -177,25 +180,27 @@ def _profile_section(report) -> str:
     copy_rate = copy_bandwidth(COPY_BYTES, 5, "cpu")
     names = [f"{k.graph} {k.kernel}" for k in kernels]
     fractions = [k.fraction(copy_rate) for k in kernels]
-    intro = (f"<p>{len(kernels)} kernel(s), each the mean of {PROFILE_CALLS} calls (CPU time of its profiler "
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    intro = (f"<p>{len(kernels)} kernel(s), each the median of {PROFILE_CALLS} calls (CPU time of its profiler "
              f"event). Copy bandwidth of this machine: {copy_rate / 1e9:.1f} GB/s (a {COPY_BYTES >> 20} MiB "
-             f"<code>copy_</code>). Bytes are what the kernel's arguments hold, each once; above 100%, "
-             f"the data was in cache.</p>")
+             f"<code>copy_</code>), load average {load:.1f} on {os.cpu_count()} CPUs (a load above the CPU "
+             f"count slows every number here). Bytes are what the kernel's arguments hold, each once; above "
+             f"100%, the data was in cache.</p>")
     return intro + "".join([
         bar_chart("time per call", [(n, k.us_per_call, f"{k.us_per_call:.1f} us") for n, k in zip(names, kernels)]),
         bar_chart("bytes moved", [(n, k.bytes, f"{k.bytes / 1e3:.1f} KB") for n, k in zip(names, kernels)]),
         bar_chart("fraction of copy bandwidth", [(n, f * 100, f"{f * 100:.0f}%") for n, f in zip(names, fractions)],
-                  mark=100.0),
+                  mark=(100.0, "100% of copy")),
     ])
 
 
 # ---------------------------------------------------------------- HTML
 
-def bar_chart(title: str, rows: list, mark: float | None = None) -> str:
-    """A horizontal bar chart as inline SVG: rows of (label, value, value text); ``mark`` draws
-    a dashed line at that value (100% of copy bandwidth)."""
+def bar_chart(title: str, rows: list, mark: tuple | None = None) -> str:
+    """A horizontal bar chart as inline SVG: rows of (label, value, value text); ``mark``, a
+    (value, text), draws a labelled dashed line at that value (100% of copy bandwidth)."""
     label_w, bar_w, row_h = 260, 520, 18
-    top = max([v for _, v, _ in rows] + [mark or 0.0, 1e-12])
+    top = max([v for _, v, _ in rows] + [mark[0] if mark else 0.0, 1e-12])
     height = row_h * len(rows) + 28
     parts = [f'<figure class="chart"><figcaption>{html.escape(title)}</figcaption>'
              f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 90}" height="{height}" role="img">']
@@ -205,8 +210,9 @@ def bar_chart(title: str, rows: list, mark: float | None = None) -> str:
                      f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{row_h - 4}" class="bar"/>'
                      f'<text x="{label_w + w + 4:.1f}" y="{y + 13}">{html.escape(text)}</text>')
     if mark is not None:
-        x = label_w + bar_w * mark / top
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 20}" class="mark"/>')
+        x = label_w + bar_w * mark[0] / top
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - 20}" class="mark"/>'
+                     f'<text x="{x:.1f}" y="{height - 6}" text-anchor="middle">{html.escape(mark[1])}</text>')
     parts.append("</svg></figure>")
     return "".join(parts)
 
@@ -237,7 +243,8 @@ def _page(title: str, sections: list) -> str:
             f'<main>{"".join(_render(s) for s in sections)}</main><script>{CHECK}</script></body></html>\n')
 
 
-ERROR_HOOK = "window.reportErrors=[];window.addEventListener('error',function(e){window.reportErrors.push(String(e.message))});"
+ERROR_HOOK = ("window.reportErrors = [];"
+              "window.addEventListener('error', function (e) { window.reportErrors.push(String(e.message)); });")
 
 # Runs last: every section the page was built with must be in the DOM, and no error fired.
 CHECK = """

@@ -1,6 +1,7 @@
 """The ``minicompile`` command: a thin dispatcher; the work lives in minicompile/tools/.
 
     minicompile inspect TARGET [--stages ...] [--out DIR] [--frontend dynamo|minicompile]
+    minicompile report TARGET [--train] [--profile] [--out FILE.html]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
@@ -45,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--train", action="store_true",
                      help="capture for training (inputs require grad, one backward through torch.compile) and "
                           "show each graph's partition report, then its forward and backward stages")
+
+    rep = sub.add_parser("report", help="one self-contained HTML page: every stage, compile times, kernel roofline",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=CONVENTION)
+    rep.add_argument("target", metavar="TARGET", help="script.py or module:callable (see below)")
+    rep.add_argument("--train", action="store_true", help="capture for training (as inspect --train)")
+    rep.add_argument("--profile", action="store_true",
+                     help="also time each kernel and chart its bytes moved against the copy bandwidth")
+    rep.add_argument("--out", metavar="FILE.html", default="minicompile-report.html",
+                     help="where to write the page (default: minicompile-report.html)")
 
     bench = sub.add_parser("bench", help="time eager vs minicompile vs Inductor on standard workloads")
     bench.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions (< 3 min on 2 cores)")
@@ -102,6 +112,11 @@ def _inspect(args) -> int:
     return inspect.run_inspect(args.target, stages, args.out, args.frontend, train=args.train)
 
 
+def _report(args) -> int:
+    from minicompile.tools import report_html
+    return report_html.run_report(args.target, args.out, train=args.train, profile_kernels=args.profile)
+
+
 def _bench(args) -> int:
     if args.train:
         if args.device != "cpu" or args.plot:
@@ -155,7 +170,7 @@ def _config(args) -> int:
 
 # Imports of the heavy tools (torch, Dynamo) are deferred so `minicompile --help` and
 # `minicompile cache info` answer instantly.
-COMMANDS = {"inspect": _inspect, "bench": _bench, "cache": _cache, "config": _config}
+COMMANDS = {"inspect": _inspect, "report": _report, "bench": _bench, "cache": _cache, "config": _config}
 
 
 if __name__ == "__main__":

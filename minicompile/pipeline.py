@@ -58,6 +58,11 @@ class CompiledGraph:
     lib: Any = None             # them step by step (testing/check.py)
     check: Any = None           # MINICOMPILE_CHECK=1: a DifferentialCheck every call goes through
 
+    @property
+    def kernel_args(self) -> dict:
+        """Kernel (or group) name -> its pointer/size argument names (the report counts bytes with it)."""
+        return self.code.kernels.kernel_args if self.code is not None else {}
+
     def __post_init__(self):
         # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
         # tensor's version counter, which autograd checks ("modified by an inplace operation").

@@ -58,8 +58,8 @@ def run_inspect(target_spec: str, stages: list[str], out_dir: str | None, fronte
     return 0
 
 
-def headline(report: CaptureReport, name: str) -> str:
-    lines = [f"minicompile inspect {name}: {len(report.graphs)} graph(s), {len(report.breaks)} graph break(s), "
+def headline(report: CaptureReport, name: str, command: str = "inspect") -> str:
+    lines = [f"minicompile {command} {name}: {len(report.graphs)} graph(s), {len(report.breaks)} graph break(s), "
              f"{len(report.guards)} guard(s) (front end: {report.frontend})"]
     for i, rec in enumerate(report.graphs):
         detail = _summary(rec.compiled) if rec.compiled is not None else rec.note

@@ -282,3 +282,19 @@ def test_hf_gemma_multi_query_attention_compiles_and_matches_eager(mode, train, 
         want = torch.autograd.grad(expected, params, grad, allow_unused=True)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["math", "flash", "auto"])
+@pytest.mark.parametrize("mask", [False, True])
+def test_heads_of_a_projection_give_eagers_output_strides(mode, mask, monkeypatch):
+    """Eager's CPU kernel writes (B, L, H, D) memory and returns it viewed (B, H, L, D); the math
+    form stores its result so too (the bug-class fuzzer's attention class found (B, H, L, D))."""
+    measure_afresh(monkeypatch)
+
+    def fn(x, m):
+        q = x.view(2, 5, 2, 16).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q * 2, q, attn_mask=m, scale=0.3)
+    x, m = torch.randn(2, 5, 32), (torch.rand(5, 5) < 0.7 if mask else None)
+    with patch(cpu_attention=mode), torch.no_grad():
+        c = check(fn, x, m, atol=1e-5, rtol=1e-4, trace="fake")
+    assert c(x, m).stride() == fn(x, m).stride() == (160, 16, 32, 1)

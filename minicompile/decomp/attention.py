@@ -87,4 +87,7 @@ def scaled_dot_product_attention(
 def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p != 0.0:
         return NotImplemented
-    return attention_math(query, key, value, attn_mask, is_causal, scale)
+    out, lse = attention_math(query, key, value, attn_mask, is_causal, scale)
+    # eager's kernel writes its output as (B, L, H, D) memory, viewed (B, H, L, D): its strides
+    in_flash_order = aten.clone.default(aten.transpose.int(out, 1, 2), memory_format=torch.contiguous_format)
+    return aten.transpose.int(in_flash_order, 1, 2), lse

@@ -1,0 +1,62 @@
+"""CI slice of the bug-class fuzzer (testing/fuzz_classes.py; the long runs: docs/testing.md).
+
+A few programs per class, each class in the mode its bugs showed up in (layouts and attention
+in training, random ops on strided intermediates, unbacked sizes and user text through
+torch.compile); the checks must be able to fail, and the generators are deterministic."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minicompile.testing import fuzz_classes
+from minicompile.testing.fuzz_classes import KINDS, check_batch, check_function, decorate, generate_for, run
+
+# (class, first seed, programs): seeds chosen in the group (training or not, attention form) shown
+SLICES = [("layout", 32, 3), ("random", 0, 4), ("attention", 160, 3), ("unbacked", 0, 3), ("text", 0, 4)]
+
+
+@pytest.mark.parametrize("kind,seed,n", SLICES, ids=[s[0] for s in SLICES])
+def test_fuzzed_class_programs_match_eager(kind, seed, n, tmp_path):
+    failures = run(kind, seed, n, batch=n, repro_dir=str(tmp_path), log=lambda *a: None)
+    assert not failures, f"{kind} programs disagree with eager; reproducers:\n" + "\n".join(
+        open(p).read() for p in failures[:2])
+
+
+def test_slices_cover_the_modes_they_name():
+    assert all(generate_for("layout")(32 + k).train for k in range(3))
+    assert {generate_for("attention")(160 + k).mode for k in range(3)} == {"flash"}
+    assert all(generate_for("attention")(160 + k).train for k in range(3))
+
+
+def test_a_wrong_compiled_value_is_reported(monkeypatch):
+    prog = generate_for("layout")(3)
+    assert not prog.train
+
+    def wrong(gm, inputs):
+        return lambda *args: tuple(o + 1 if isinstance(o, torch.Tensor) and o.dtype.is_floating_point else o
+                                   for o in gm(*args))
+    monkeypatch.setattr(fuzz_classes, "compile_graph", wrong)
+    found = check_batch([prog])
+    assert found is not None and "differ" in found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generation_is_deterministic_and_reproducers_are_python(kind):
+    a, b = generate_for(kind)(41), generate_for(kind)(41)
+    assert a.reproducer("x") == b.reproducer("x")
+    compile(a.reproducer("x"), "repro.py", "exec")
+
+
+def test_user_text_programs_carry_the_hard_text():
+    sources = [decorate(generate_for("layout")(s).function_source(), s) for s in range(60)]
+    text = "\n".join(sources)
+    for piece in ("\\\n", "*/", "/*", "??=", '"""', "caf\u00e9", "longlonglong"):
+        assert piece in text, piece
+    assert max(len(line) for line in text.splitlines()) > 300
+
+
+def test_a_reproducer_runs_its_class_check(tmp_path):
+    prog = generate_for("random")(5)
+    namespace: dict = {}
+    exec(compile(prog.reproducer("x"), "repro.py", "exec"), namespace)
+    assert check_function("random", namespace["program"], namespace["inputs"]) is None

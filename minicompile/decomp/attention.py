@@ -88,6 +88,20 @@ def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *
     if dropout_p != 0.0:
         return NotImplemented
     out, lse = attention_math(query, key, value, attn_mask, is_causal, scale)
-    # eager's kernel writes its output as (B, L, H, D) memory, viewed (B, H, L, D): its strides
-    in_flash_order = aten.clone.default(aten.transpose.int(out, 1, 2), memory_format=torch.contiguous_format)
-    return aten.transpose.int(in_flash_order, 1, 2), lse
+    return _laid_out_like(out, query), lse
+
+
+def _laid_out_like(out, query):
+    """``out`` stored in the dimension order of a dense ``query``, as eager's kernel allocates its
+    output (empty_like(query)): heads split from a (B, L, H*D) projection give (B, L, H, D) memory."""
+    strides = query.stride()
+    if not all(isinstance(s, int) for s in (*strides, *query.shape)):
+        return out
+    order = sorted(range(query.dim()), key=lambda d: -strides[d])
+    dense, step = True, 1
+    for d in reversed(order):
+        dense, step = dense and (query.shape[d] == 1 or strides[d] == step), step * query.shape[d]
+    if not dense or order == list(range(query.dim())):
+        return out
+    stored = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
+    return aten.permute.default(stored, [order.index(d) for d in range(query.dim())])

@@ -236,7 +236,9 @@ RANDOM_OPS = ["torch.nn.functional.dropout({0}, {p}, True)", "torch.bernoulli(to
               "torch.empty_like({0}).uniform_(-1, 1)", "torch.empty_like({0}).normal_(0, 2)",
               "torch.empty_like({0}).bernoulli_({p})", "torch.nn.functional.alpha_dropout({0}, {p}, True)",
               "torch.nn.functional.dropout({0} * 2, {p}, True) + {0}", "torch.rand({0}.shape) + {0}",
-              "torch.nn.functional.rrelu({0}, training=True)", "torch.randint_like({0}, 0, 7)"]
+              "torch.randint_like({0}, 0, 7)"]
+# Not rrelu(training=True): on a non-contiguous input eager returns a contiguous result where the
+# fake kernel says input-like strides, and we keep the fake's (an xfail in tests/test_fuzz_classes.py)
 
 
 def op_noncontiguous(rng, vals):

@@ -341,7 +341,9 @@ UNBACKED_CONSUMERS = ["{0}.sin() * 2 + 1", "{0}.sum()", "{0}.mean()", "torch.cat
                       "torch.cat([{0}.reshape(-1), {0}.reshape(-1) * 3])", "{0}.view(-1, 1) * 2",
                       "{0}.reshape(-1).cumsum(0)", "torch.softmax({0}.reshape(-1), 0)",
                       "{0}.unsqueeze(0).expand(2, *{0}.shape)", "{0}.float().exp()", "{0}.flip(0)",
-                      "torch.nn.functional.pad({0}.reshape(-1), [1, 2])", "({0} - {0}.float().mean()).abs()"]
+                      "({0} - {0}.float().mean()).abs()"]
+# Not F.pad of a nonzero-sized tensor: compiling it raises GuardOnDataDependentSymNode (an xfail in
+# tests/test_fuzz_classes.py)
 
 
 def op_unbacked(rng, vals):

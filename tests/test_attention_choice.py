@@ -277,3 +277,22 @@ def test_hf_gemma_multi_query_attention_compiles_and_matches_eager(mode, train, 
         want = torch.autograd.grad(expected, params, grad, allow_unused=True)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["math", "flash", "auto"])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("projected,strides", [(True, (160, 16, 32, 1)), (False, (160, 80, 16, 1))])
+def test_attention_output_is_laid_out_as_its_query(mode, mask, projected, strides, monkeypatch):
+    """Eager's CPU kernel allocates its output like the query: heads split from a (B, L, H*D)
+    projection give (B, L, H, D) memory, a (B, H, L, D) query contiguous memory. The math form
+    stores its result so too (the bug-class fuzzer's attention class found both differing)."""
+    measure_afresh(monkeypatch)
+
+    def fn(x, k, m):
+        q = x.view(2, 5, 2, 16).transpose(1, 2) if projected else x
+        return F.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=0.3, enable_gqa=True)
+    x = torch.randn(2, 5, 32) if projected else torch.randn(2, 2, 5, 16)
+    k, m = torch.randn(2, 1, 5, 16), (torch.rand(5, 5) < 0.7 if mask else None)
+    with patch(cpu_attention=mode), torch.no_grad():
+        c = check(fn, x, k, m, atol=1e-5, rtol=1e-4, trace="fake")
+    assert c(x, k, m).stride() == fn(x, k, m).stride() == strides

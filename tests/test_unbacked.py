@@ -326,3 +326,9 @@ def test_a_failed_trace_leaves_no_functorch_layer(monkeypatch):
         out = torch.compile(fn, backend="minicompile")(seeded_randn(0, 4))
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
     assert_matches_eager(out, fn(seeded_randn(0, 4)))
+
+
+def test_slice_to_a_length_from_item(backend):
+    # x[:k] for k from .item() has length min(k, n): a new symbol that only running the slice gives
+    # (the bug-class fuzzer's unbacked class found it bound from the slice's own lowered view)
+    run_calls(lambda x: x.reshape(-1)[:(x > 0).sum().item()] * 2, [(seeded_randn(k, 3, 5),) for k in range(3)])

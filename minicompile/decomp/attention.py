@@ -87,4 +87,21 @@ def scaled_dot_product_attention(
 def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     if dropout_p != 0.0:
         return NotImplemented
-    return attention_math(query, key, value, attn_mask, is_causal, scale)
+    out, lse = attention_math(query, key, value, attn_mask, is_causal, scale)
+    return _laid_out_like(out, query), lse
+
+
+def _laid_out_like(out, query):
+    """``out`` stored in the dimension order of a dense ``query``, as eager's kernel allocates its
+    output (empty_like(query)): heads split from a (B, L, H*D) projection give (B, L, H, D) memory."""
+    strides = query.stride()
+    if not all(isinstance(s, int) for s in (*strides, *query.shape)):
+        return out
+    order = sorted(range(query.dim()), key=lambda d: -strides[d])
+    dense, step = True, 1
+    for d in reversed(order):
+        dense, step = dense and (query.shape[d] == 1 or strides[d] == step), step * query.shape[d]
+    if not dense or order == list(range(query.dim())):
+        return out
+    stored = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
+    return aten.permute.default(stored, [order.index(d) for d in range(query.dim())])

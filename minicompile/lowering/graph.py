@@ -147,6 +147,8 @@ class GraphLowering:
             return self.scalar(node, args, kwargs)
         if any(isinstance(a, ScalarRef) for a in pytree.tree_leaves((args, kwargs))):
             return self.extern(node, args, kwargs, "takes a number computed at run time")
+        if self._defines_a_size(node.meta.get("val")):   # x[:k.item()]: its length is min(k, n), clamped
+            return self.extern(node, args, kwargs, "its size is a new symbol only the run knows")
         reason = _unsupported_dtype(node)
         if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
             return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
@@ -215,6 +217,12 @@ class GraphLowering:
             for e in (p.layout.size + p.layout.stride if isinstance(p, InputBuffer) else (p,)):
                 known |= {s.name for s in symbols_of(e)}
         return known
+
+    def _defines_a_size(self, meta) -> bool:
+        """A tensor sized by a data-dependent symbol nothing bound yet: only running the op tells it."""
+        sizes = [s for s in (meta.shape if isinstance(meta, torch.Tensor) else ()) if isinstance(s, torch.SymInt)]
+        new = {f.name for s in sizes if _data_dependent(s) for f in s.node.expr.free_symbols}
+        return bool(new - self._known_symbols()) if new else False
 
     def _bind_sizes(self, buf: Buffer) -> None:
         """An extern's result whose size is a new symbol (nonzero's row count) binds that symbol."""

@@ -338,9 +338,8 @@ FIRST_DTYPES = [torch.float32, torch.float32, torch.float64, torch.bfloat16, tor
 TRAINING_DTYPES = [torch.float32, torch.float32, torch.float32, torch.float64, torch.bfloat16]
 
 
-def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES, reject=None) -> Program:
-    """Program ``seed``; ``reject(expr, vals)`` may turn down a proposed step (another is tried)."""
-    rng = random.Random(seed)
+def random_inputs(rng, seed: int, dtypes: list) -> list:
+    """One to three inputs of broadcast-compatible random shapes, the first of a dtype from ``dtypes``."""
     dtype = rng.choice(dtypes)
     base = _random_shape(rng)
     inputs = []
@@ -348,13 +347,23 @@ def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES, reject=
         shape = base if k == 0 or rng.random() < 0.5 else _broadcast_shape(rng, base)
         dt = dtype if rng.random() < 0.8 else rng.choice(DTYPES)
         inputs.append(Input(shape, dt, rng.choice(LAYOUTS), seed * 7 + k))
+    return inputs
+
+
+def generate(seed: int, max_steps: int = 6, dtypes: list = FIRST_DTYPES, reject=None, ops: list = OPS,
+             make_inputs=random_inputs) -> Program:
+    """Program ``seed``; ``reject(expr, vals)`` may turn down a proposed step (another is tried).
+    ``ops`` ((proposer, weight) pairs) and ``make_inputs(rng, seed, dtypes)`` let a bug class
+    (testing/fuzz_classes.py) grow its own programs the same way."""
+    rng = random.Random(seed)
+    inputs = make_inputs(rng, seed, dtypes)
     prog = Program(inputs, [], [], seed)
     tensors = prog.make_inputs()
     vals = [Value(f"v{k}", t, True) for k, t in enumerate(tensors)]
     ns = {"torch": torch, **{v.name: v.tensor for v in vals}}
     for _ in range(rng.randint(1, max_steps)):
         for _attempt in range(10):
-            make = rng.choices([f for f, _ in OPS], [w for _, w in OPS])[0]
+            make = rng.choices([f for f, _ in ops], [w for _, w in ops])[0]
             expr = make(rng, vals)
             if expr is None or (reject is not None and reject(expr, vals)):
                 continue

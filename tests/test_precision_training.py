@@ -82,3 +82,14 @@ def test_channels_last_batch_norm_bias_gradient_sums_in_blocks():
     ours = bias_grad(_compiled(bn), torch.float32)
     err = lambda t: ((t - exact).norm() / exact.norm()).item()
     assert err(ours) <= 2 * err(eager) + 1e-8, (err(ours), err(eager))
+
+
+def test_sum_fused_with_a_channels_last_operand_stays_close_to_float64():
+    # the loop gathers y across its layout, so it does not vectorise: one float32 chain per block
+    t = torch.linspace(-1, 1, 65536, dtype=torch.float64).view(4, 16, 32, 32).float()
+    y = torch.randn(4, 16, 32, 32).contiguous(memory_format=torch.channels_last)
+    fn = lambda t, y: (t.sum((0, 2, 3)), (t * y).sum((0, 2, 3)))
+    exact = t.double().sum((0, 2, 3))
+    err = lambda s: ((s.double() - exact).norm() / exact.norm()).item()
+    torch._dynamo.reset()
+    assert err(torch.compile(fn, backend="minicompile")(t, y)[0]) <= 2 * err(t.sum((0, 2, 3))) + 1e-8

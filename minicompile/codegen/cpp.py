@@ -21,6 +21,7 @@ from minicompile.codegen.cpp_columns import column_var, render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
 from minicompile.codegen.cpp_groups import form_groups, render_group
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
+from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
 from minicompile.ir.expr import Expr, atoms_of
 from minicompile.ir.graph import LoopGraph
@@ -195,9 +196,9 @@ class CppKernel(KernelRenderer):
 
     COMMENT = "//"
     REDUCTIONS = REDUCTIONS
-    # Adding one float at a time, a float32 sum of more than this many elements drifts from
-    # eager's (which sums in blocks); in double it keeps eager's accuracy.
-    WIDE_SUMS_ABOVE = 8192
+    # A float32 sum of more than this many elements keeps a double total fed by float32 partials
+    # of at most 32 additions each (cpp_sums.py): eager's accuracy, as eager sums in blocks.
+    WIDE_SUMS_ABOVE = 32
     literal = staticmethod(literal)
 
     def __init__(self, kernel, buffers: dict, storage: dict, sources: dict, symbols=()):
@@ -392,20 +393,20 @@ class CppKernel(KernelRenderer):
         loop_known = dict(known)
         ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()},
                         before_loop=before_loop, loop_vars=set(self.k.inner_vars))
-        self.emit_stage(ops, stage.nodes, accs, loop_known)
+        lanes = partials(self, reds, accs)   # a blocked float32 sum adds into a partial (cpp_sums.py)
+        self.emit_stage(ops, stage.nodes, lanes, loop_known)
         post += self._reduction_results(reds, accs, known)
         pre += before_loop
         if self.inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
-        headers = []
-        dims = list(zip(self.k.inner_vars, self.k.inner_ranges))
+        if not self.k.inner_vars:
+            return pre + inner_lines + post
+        *dims, (v, size) = zip(self.k.inner_vars, self.k.inner_ranges)
+        headers = [[f"for (int64_t {u.name} = 0; {u.name} < {_size(s)}; ++{u.name})"] for u, s in dims]
         simd = all(_vectorisable(n.data.reduction_type) for n in reds)
-        clause = _simd_clauses(reds, accs)
-        for d, (v, size) in enumerate(dims):
-            hdr = [f"#pragma omp simd {clause}".rstrip()] if d == len(dims) - 1 and simd else []
-            hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
-            headers.append(hdr)
-        return pre + _nest(headers, inner_lines) + post
+        pragma = [f"#pragma omp simd {_simd_clauses(reds, lanes)}".rstrip()] if simd else []
+        block, inner = blocked_loop(v.name, _size(size), size, pragma, inner_lines, blocked_names(accs, lanes))
+        return pre + _nest(headers + ([block] if block else []), inner) + post
 
     # -- reductions -----------------------------------------------------------------------------
     def _accumulators(self, reds, accs) -> tuple[list, list]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from minicompile.codegen.common import reductions_of
 from minicompile.codegen.cpp_ops import CTYPE
+from minicompile.codegen.cpp_sums import COLUMN_BLOCK_ROWS, blocked_names, partials
 from minicompile.config import config
 from minicompile.ir.nodes import Reduction
 
@@ -60,14 +61,26 @@ def render_columns(ck, x, nest) -> list:
     end = f"{block} + {width}" if n_cols % width == 0 else f"std::min<int64_t>({block} + {width}, {n_cols})"
     columns = ["#pragma omp simd", f"for (int64_t {x.name} = {block}; {x.name} < {end}; ++{x.name})"]
     accs = {n.name: (f"acc{next(ck.counter)}", ck.acc_dtype(n)) for n in reds}
-    lanes = {name: (f"{acc}[{x.name} - {block}]", dt) for name, (acc, dt) in accs.items()}
+    lane = f"[{x.name} - {block}]"
+    lanes = {name: (f"{acc}{lane}", dt) for name, (acc, dt) in accs.items()}
+    adds = partials(ck, reds, accs, lane)   # a blocked float32 sum adds into a partial (cpp_sums.py)
     body, per_row, known = [], [], {}
     ops = ck._ops(known, body, invariant=set(), before_loop=per_row, loop_vars={x})
-    ck.emit_stage(ops, stage.nodes, lanes, known)
+    ck.emit_stage(ops, stage.nodes, adds, known)
     init = [f"{lanes[n.name][0]} = {ck.identity(n.data.reduction_type, lanes[n.name][1])};" for n in reds]
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
     out = [f"{CTYPE[dt]} {acc}[{width}];" for acc, dt in accs.values()]
-    out += nest([columns], init) + nest(rows, per_row + nest([columns], body))
+    pairs = blocked_names(lanes, adds)
+    row_loop = per_row + nest([columns], body)
+    if pairs:   # the innermost row loop in blocks of COLUMN_BLOCK_ROWS, each a float32 partial
+        (v, size), step = (k.inner_vars[-1], k.inner_ranges[-1]), COLUMN_BLOCK_ROWS
+        out += [f"float {p.split('[')[0]}[{width}];" for _, p in pairs]
+        rows[-1] = [f"for (int64_t {v.name}_blk = 0; {v.name}_blk < {size}; {v.name}_blk += {step})"]
+        stop = f"std::min<int64_t>({v.name}_blk + {step}, {size})"
+        row_loop = (nest([columns], [f"{p} = 0.0f;" for _, p in pairs])
+                    + nest([[f"for (int64_t {v.name} = {v.name}_blk; {v.name} < {stop}; ++{v.name})"]], row_loop)
+                    + nest([columns], [f"{t} += {p};" for t, p in pairs]))
+    out += nest([columns], init) + nest(rows, row_loop)
     known = {}
     post = ck._reduction_results(reds, lanes, known)
     for st in k.stages[1:]:   # per column, after its reduction (a mean's division)

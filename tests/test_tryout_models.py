@@ -37,6 +37,14 @@ def test_a_gradient_as_noisy_as_eager_passes():
     assert r.grad_l2 > tryout.GRAD_RTOL          # passed on float64's word, not on eager's
 
 
+def test_losses_judged_against_float64():
+    f64 = [torch.tensor(2.3, dtype=torch.float64)] * 2
+    eager = [torch.tensor(2.3000001), torch.tensor(2.3004)]   # step 2: AdamW's sign-sized update of noise
+    assert tryout.judge_losses([torch.tensor(2.3000001), torch.tensor(2.2996)], eager, f64) == []
+    wrong = tryout.judge_losses([torch.tensor(2.3023), torch.tensor(2.3004)], eager, f64)
+    assert len(wrong) == 1 and wrong[0].startswith("step 1 loss")
+
+
 def test_a_logged_eager_graph_is_a_fallback(monkeypatch):
     def build():
         return nn.Sequential(nn.Linear(4, tryout.CLASSES)), (torch.randn(tryout.BATCH, 4),)

@@ -175,13 +175,15 @@ def _other_layouts(gm, inputs) -> bool:
     return any(isinstance(x, torch.Tensor) and x.stride() != t.stride() for x, t in zip(inputs, traced))
 
 
-@pytest.mark.parametrize("saved_layout,backward_fails,compiles", [
-    ("as compiled", "always", 2),            # forward, backward (fails): eager backward
-    ("another layout", "always", 3),         # forward, backward, backward for the traced layouts
-    ("another layout", "for other layouts", 3),   # ... which compiles: CoaT's view of a saved value
+@pytest.mark.parametrize("saved_layout,backward_fails,compiles,fallback", [
+    ("as compiled", "always", 2, True),            # forward, backward (fails): eager backward
+    ("another layout", "always", 3, True),         # forward, backward, backward for the traced layouts
+    ("another layout", "for other layouts", 3, True),   # ... which compiles: CoaT's view of a saved value
+    # compiling for the traced layouts is a layout choice, not a fallback: MINICOMPILE_FALLBACK=0 takes it
+    ("another layout", "for other layouts", 3, False),
 ])
-def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backward_fails, compiles, monkeypatch,
-                                                           fresh_dynamo):
+def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backward_fails, compiles, fallback,
+                                                           monkeypatch, fresh_dynamo):
     """The backward's compile fails (forced), and the training steps still match eager's. The
     compiled forward may hand backward saved values in a layout of its own (simulated: every 4-d
     output made NCHW-contiguous), which the graph's views (permute, then view) do not allow: the
@@ -205,7 +207,7 @@ def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backwar
     torch.manual_seed(0)
     model, x = ConvTokens(), torch.randn(2, 3, 8, 8)
     eager = copy.deepcopy(model)
-    with patch(fallback_on_error=True):
+    with patch(fallback_on_error=fallback):
         got = _train_steps(torch.compile(model, backend="minicompile"), x)
     want = _train_steps(eager, x)
     assert len(calls) == compiles

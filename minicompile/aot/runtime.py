@@ -78,14 +78,17 @@ class TrainingGraph:
         try:
             return self.compile_fn(backward, inputs)
         except Exception as e:
-            if not config.fallback_on_error:
-                raise
             error = e
         if any(_restrided(x, t) is not x for x, t in zip(inputs, _traced(backward))):
+            # not a fallback: the same compiled backward, fed copies in the layouts it was traced in
+            log.info("minicompile: compiling the backward for the forward's layouts failed (%s: %s); "
+                     "compiling it for the traced layouts", type(error).__name__, error)
             try:
                 return InTracedLayouts(backward, self.compile_fn(backward, _in_layouts(inputs, _traced(backward))))
             except Exception as e:
                 error = e
+        if not config.fallback_on_error:
+            raise error
         log.warning("minicompile: compiling a backward graph failed (%s: %s); running it eagerly. "
                     "Set MINICOMPILE_FALLBACK=0 to raise instead.", type(error).__name__, error)
         return InTracedLayouts(backward, backward)

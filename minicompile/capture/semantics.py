@@ -164,6 +164,26 @@ def identity(a, b) -> bool:
     return a is b
 
 
+# Types ``v`` for which ``tensor == v`` is False: Tensor.__eq__ refuses them and Python falls back
+# to identity. A number, array or tensor compares elementwise.
+_NEVER_EQUAL_TO_TENSORS = {str, bytes, type(None), tuple, list, dict, set, frozenset, type, torch.Size}
+
+
+def item_equal(x, item) -> bool:
+    """``x is item or x == item`` as ``in``, ``list.count``/``index``/``remove`` test an item:
+    a tensor compared with a number or tensor is an elementwise tensor whose truth raises or
+    needs its data, so that comparison is a break (Python runs it)."""
+    if x is item:
+        return True
+    if isinstance(x, TensorVar) or isinstance(item, TensorVar):
+        other = item if isinstance(x, TensorVar) else x
+        if type(other) in _NEVER_EQUAL_TO_TENSORS:
+            return False
+        raise GraphBreak(f"comparing a tensor with a {type(other).__name__} in a container test "
+                         "(its truth needs the tensor's data)")
+    return x == item
+
+
 def contains(tracer: Tracer, item, container) -> bool:
     if isinstance(container, TensorVar):
         raise GraphBreak("`x in tensor` needs the tensor's values (data-dependent)")
@@ -175,9 +195,8 @@ def contains(tracer: Tracer, item, container) -> bool:
         return item in container   # a substring test, not a test over characters
     if isinstance(container, DICT_VIEWS) and not contains_symbolic(item):
         return item in container
-    if isinstance(container, (tuple, list, set, frozenset, range, *DICT_VIEWS)):
-        return any(item is x or (not isinstance(x, TensorVar) and not isinstance(item, TensorVar)
-                                 and x == item) for x in container)
+    if isinstance(container, (tuple, list, collections.deque, set, frozenset, range, *DICT_VIEWS)):
+        return any(item_equal(x, item) for x in container)
     if isinstance(container, dict):
         return item in container
     hook = inspect.getattr_static(type(container), "__contains__", None)

@@ -89,7 +89,9 @@ def _load(source: str, name: str) -> dict:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(f"fuzz_py_{name}".replace(" ", "_"))
     sys.modules[module.__name__] = module      # dataclasses and pickling look their module up
-    exec(compile(source, filename, "exec"), module.__dict__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)      # `(1, 2) is None` is a fine test
+        exec(compile(source, filename, "exec"), module.__dict__)
     return module.__dict__
 
 
@@ -135,6 +137,29 @@ def diff(e, a, path: str = "result", tol: float = 1e-5) -> str | None:
     return None                       # functions, iterators, classes: the type is all we compare
 
 
+_IDENTITY_TYPES = (list, dict, set, collections.deque, torch.Tensor, np.ndarray)
+
+
+def _walk(value, path: str, depth: int = 0):
+    """(path, object) for ``value`` and what it holds, for the objects whose identity is visible."""
+    if isinstance(value, _IDENTITY_TYPES) or (hasattr(value, "__dict__") and not callable(value)):
+        yield path, value
+    if depth < 3 and isinstance(value, (list, tuple, collections.deque)):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{path}[{i}]", depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, f"{path}[{k!r}]", depth + 1)
+
+
+def identities(result, args) -> list:
+    """Which parts of ``result`` are (``is``) which parts of the arguments: Python shows it."""
+    where = {}
+    for path, v in _walk(list(args), "args"):
+        where.setdefault(id(v), path)
+    return [f"{path} is {where[id(v)]}" for path, v in _walk(result, "result") if id(v) in where]
+
+
 def _short(v) -> str:
     text = repr(v) if not isinstance(v, torch.Tensor) else f"tensor{list(v.shape)}"
     return text if len(text) < 120 else text[:117] + "..."
@@ -174,6 +199,9 @@ def run(program: Program, source: str | None = None) -> Outcome:
             if (d := diff(e, a, path, tol)):
                 outcome.failure = f"{where}: {d}"
                 break
+        same_objects = identities(expected, eager_args), identities(got, compiled_args)
+        if not outcome.failure and same_objects[0] != same_objects[1]:
+            outcome.failure = f"{where}: aliasing {same_objects[0]} vs {same_objects[1]}"
         if outcome.failure:
             break
     for namespace in (eager_ns, compiled_ns):

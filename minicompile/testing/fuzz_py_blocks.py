@@ -12,6 +12,7 @@ from __future__ import annotations
 
 PRELUDE = '''\
 import collections
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -83,6 +84,44 @@ class Acc(metaclass=Registry):
     @classmethod
     def make(cls, w):
         return cls(w, 2)
+
+
+class Bag:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __contains__(self, v):
+        return v in self.items
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __getattr__(self, name):
+        return name.upper()
+
+    def __eq__(self, other):
+        return len(self) == len(other)
+
+    __hash__ = None
+
+
+class Ctx:
+    def __init__(self, k):
+        self.k = k
+
+    def __enter__(self):
+        G_LOG.append(("in", self.k))
+        return self
+
+    def __exit__(self, *exc):
+        G_LOG.append(("out", exc[0] is None))
+        return False
 
 
 def logged(fn):
@@ -416,7 +455,72 @@ def block_tensor_control(rng):
     return rng.choice(forms)
 
 
+def block_alias(rng):
+    forms = ["out.append(lst)", "out.append(dct)", "out.append(obj)", "out.append(x)", "out.append(lst[0])",
+             "alias = lst\nalias.append(n)", "alias = dct\nalias[\"al\"] = 1", "out.append(out is out)",
+             "t2 = x\nout.append(t2 is x)", "out.append(acc is x)", "lst2 = lst[:]\nlst2.append(0)\nout.append(lst2)"]
+    return [line for f in _pick(rng, forms, 1, 3) for line in f.split("\n")]
+
+
+def block_generator_effects(rng):
+    lines = ["def produce(m):", "    for i in range(m):", "        G_LOG.append(('gen', i))", "        yield i"]
+    return lines + rng.choice([
+        ["for v in produce(3):", "    G_LOG.append(('body', v))"],
+        ["it = produce(2)", "G_LOG.append('made')", "out.append(list(it))"],
+        ["out.append([v * n for v in produce(2)])"],
+        ["it = produce(4)", "for v in it:", "    if v == 1:", "        break", "out.append(list(it))"],
+        ["out.append(sum(produce(3)) + n)", "acc = acc + len(G_LOG)"]])
+
+
+def block_late_binding(rng):
+    return rng.choice([
+        ["fs = [lambda: i for i in range(3)]", "out.append([f() for f in fs])"],
+        ["fs = [lambda i=i: i * n for i in range(3)]", "out.append([f() for f in fs])"],
+        ["k = 1", "def get():", "    return k", "k = 5", "out.append(get())"],
+        ["ts = [lambda t, j=j: t + j for j in range(2)]", "acc = ts[1](acc)"]])
+
+
+def block_context(rng):
+    return rng.choice([
+        ["with torch.no_grad():", "    acc = acc * 2", "out.append(acc.requires_grad)"],
+        ["with contextlib.suppress(KeyError):", '    out.append(dct["zz"])',
+         "    out.append('unreached')", "out.append('after')"],
+        ["@contextlib.contextmanager", "def tagged(tag):", "    G_LOG.append(('enter', tag))",
+         "    try:", "        yield tag * 2", "    finally:", "        G_LOG.append(('exit', tag))",
+         "with tagged(n) as v:", "    acc = acc + v"],
+        ["with Ctx(n) as c:", "    acc = acc - c.k"],
+        ["try:", "    with Ctx(n):", "        raise FuzzError('inside')", "except FuzzError as e:", "    out.append(str(e))"]])
+
+
+def block_unpacking(rng):
+    forms = ["first, *rest = [acc, n, 3]\nout.append(len(rest))", "a, (b, c) = 1, (n, 3)\nout.append(a + b + c)",
+             "out.append([*range(n), *'ab'])", "out.append({**dct, 'b': 0}['b'])",
+             "out.append(max(*[1, n, 2]))", "def kw(a, b=2, *args, c=3, **kws):\n    return a, b, args, c, sorted(kws)\n"
+             "out.append(kw(1, *[n, 5], c=4, **{'z': 1}))", "if (m := n * 2) > 3:\n    out.append(m)",
+             "acc, n = acc + 1, n + 1", "out.append(tuple(x.shape) + (n,))", "h, w = acc.shape\nn = n + h * w"]
+    return [line for f in _pick(rng, forms, 1, 3) for line in f.split("\n")]
+
+
+def block_dunder(rng):
+    lines = [rng.choice(["bag = Bag([n, 2, 'q'])", "bag = Bag(range(n))", "bag = Bag([acc, 2])"])]
+    reads = ["len(bag)", "list(bag)", "2 in bag", "bag[-1]", "bag.whatever", "bag == Bag([1, 2, 3])",
+             "[v for v in bag if v != 2]", "hasattr(bag, 'anything')", "sorted(bag, key=str)"]
+    return lines + [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+
+
+def block_numbers(rng):
+    forms = ["out.append((n - 7) // 3)", "out.append((n - 7) % 3)", "out.append(divmod(-n - 1, 4))",
+             "out.append(round(2.5) + round(3.5))", "out.append(2 ** n)", "out.append(n << 2 | 1)", "out.append(~n ^ 5)",
+             "out.append(min([], default=n))", "out.append(sum([True, True, n > 1]))", "out.append(abs(-2.5) * n)",
+             "out.append(int(-3.7))", "out.append(float('inf') > n)", "out.append(math.isclose(0.1 + 0.2, 0.3))",
+             "out.append(n / 4)", "out.append(max([3, n], key=lambda v: -v))", "out.append(min([]))",
+             "out.append(list(zip([1, 2], 'a', strict=True)))", "out.append('%.2f|%s' % (n / 3, n))"]
+    return _pick(rng, forms, 1, 4)
+
+
 BLOCKS = [block_list, block_dict, block_set, block_namedtuple, block_deque, block_defaultdict,
           block_ordereddict, block_counter, block_numpy, block_closure, block_generator,
           block_comprehension, block_exception, block_class, block_functools, block_itertools,
-          block_copy, block_builtins, block_item, block_globals, block_mutate_args, block_tensor_control]
+          block_copy, block_builtins, block_item, block_globals, block_mutate_args, block_tensor_control,
+          block_alias, block_generator_effects, block_late_binding, block_context, block_unpacking, block_dunder,
+          block_numbers]

@@ -191,8 +191,9 @@ def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
                 isinstance(a, tuple) and a[0] == b[0] and a[1] is b[1]) for a, b in zip(now, t.snapshot)):
             continue
         saved = tracer.tracked_by_id.pop(id(t.copy))   # build a fresh value, then copy it in
-        kind = type(t.copy)
-        out.append(f"{_REPLACE[kind]}({t.source}, {r.expr(kind(t.copy))})")
+        fresh = type(t.copy)(t.copy)
+        tracer._keep.append(fresh)   # alive while r's memo knows its id: no later temporary reuses it
+        out.append(f"{_REPLACE[type(t.copy)]}({t.source}, {r.expr(fresh)})")
         tracer.tracked_by_id[id(t.copy)] = saved
     return out
 

@@ -79,3 +79,21 @@ def f_list_count(x, k):
 def test_list_count_compares_tensors_as_python_does():
     # lst.count(7) with a tensor in the list raises in Python (the tensor's truth is ambiguous)
     run_both(f_list_count, lambda call: (*tensor(call), [7, "s", None][call]))
+
+
+G_SEEN: list = []
+
+
+def f_two_lists_written(x, lst, d):
+    lst.append(len(lst))
+    G_SEEN.append(("seen", len(G_SEEN)))
+    d["k"] = len(d)
+    return x + 1, lst
+
+
+def test_two_written_containers_keep_their_own_contents():
+    # each container's new contents were built from a temporary copy whose id a later temporary
+    # reused: the global list was replayed with the argument's items
+    G_SEEN.clear()
+    run_both(f_two_lists_written, lambda call: (*tensor(call), [call, "s"], {"a": call}))
+    assert G_SEEN == [("seen", i) for i in range(6)], G_SEEN   # CPython's and the compiled calls

@@ -96,6 +96,8 @@ class Reifier:
         tracked = self.tracer.tracked_by_id.get(id(v))
         if tracked is not None:
             return tracked.source   # same object as the caller's, contents replayed already
+        if type(v) is tuple and _immutable(v):
+            return self.ns.const(v, "c")   # the same object: a code constant keeps its identity
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
         if isinstance(v, tuple) and not isinstance(v, torch.Size) and contains_symbolic(v):
@@ -169,6 +171,10 @@ def _bound_per_read(m) -> bool:
     owner = m.__self__
     return owner is not None and not isinstance(owner, (types.ModuleType, type)) and (
         type(owner) in _REPLACE or getattr(owner, m.__name__, None) is not m)
+
+
+def _immutable(v) -> bool:
+    return v is None or type(v) in (bool, int, float, str, bytes) or type(v) is tuple and all(map(_immutable, v))
 
 
 def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:

@@ -26,6 +26,7 @@ G_STATE = {"calls": 0}
 G_N = 0
 SCALE = 3
 Point = collections.namedtuple("Point", "a b")
+P12 = Point(1, 2)
 
 
 class FuzzError(Exception):
@@ -396,7 +397,7 @@ def block_copy(rng):
 
 
 def block_builtins(rng):
-    subject = rng.choice(["opt", "None", "n", "acc", "lst", "dct", "obj", '"txt"', "(1, 2)", "Point(1, 2)"])
+    subject = rng.choice(["opt", "None", "n", "acc", "lst", "dct", "obj", '"txt"', "(1, 2)", "P12"])
     forms = [f"getattr({subject}, 'shape', 5)", f"hasattr({subject}, 'append')", f"hasattr({subject}, 'k')",
              f"isinstance({subject}, (int, str))", f"isinstance({subject}, torch.Tensor)",
              f"type({subject}).__name__", f"type({subject}) is type(None)", f"{subject} is None",

@@ -97,3 +97,32 @@ def test_two_written_containers_keep_their_own_contents():
     G_SEEN.clear()
     run_both(f_two_lists_written, lambda call: (*tensor(call), [call, "s"], {"a": call}))
     assert G_SEEN == [("seen", i) for i in range(6)], G_SEEN   # CPython's and the compiled calls
+
+
+class Positive:
+    """A data descriptor: reads return abs(stored), writes store the value."""
+    def __set_name__(self, owner, name):
+        self.name = "_" + name
+
+    def __get__(self, inst, owner=None):
+        return self if inst is None else abs(getattr(inst, self.name))
+
+    def __set__(self, inst, value):
+        setattr(inst, self.name, value)
+
+
+class Leveled:
+    level = Positive()
+
+    def __init__(self, k):
+        self.level = k
+
+
+def f_descriptor_write_then_read(x, obj, n):
+    obj.level = -n
+    return x + obj.level, obj.level, obj._level
+
+
+def test_a_write_through_a_data_descriptor_runs_its_set_and_get():
+    # the write was recorded as an instance attribute and the read ran __get__ on the old object
+    run_both(f_descriptor_write_then_read, lambda call: (*tensor(call), Leveled(call), call + 2))

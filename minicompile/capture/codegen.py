@@ -96,8 +96,8 @@ class Reifier:
         tracked = self.tracer.tracked_by_id.get(id(v))
         if tracked is not None:
             return tracked.source   # same object as the caller's, contents replayed already
-        if type(v) is tuple and _immutable(v):
-            return self.ns.const(v, "c")   # the same object: a code constant keeps its identity
+        if type(v) is tuple and _immutable(v):   # the same object: the caller's, or the code constant
+            return self.tracer.source_of(v) or self.ns.const(v, "c")
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
         if isinstance(v, tuple) and not isinstance(v, torch.Size) and contains_symbolic(v):

@@ -181,6 +181,9 @@ class Tracer:
             g.type_is(source, type(value))
             g.length(source, len(value))
             items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            if all(a is b for a, b in zip(items, value)):   # constants: the caller's own tuple
+                self._remember(value, source)
+                return value
             return type(value)(items)
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             g.type_is(source, type(value))

@@ -126,3 +126,13 @@ def f_descriptor_write_then_read(x, obj, n):
 def test_a_write_through_a_data_descriptor_runs_its_set_and_get():
     # the write was recorded as an instance attribute and the read ran __get__ on the old object
     run_both(f_descriptor_write_then_read, lambda call: (*tensor(call), Leveled(call), call + 2))
+
+
+def f_constant_tuple_identity(x):
+    a = (1, 2)
+    print(end="")   # a break: ``a`` is handed over to Python
+    return x + 1, id(a) == id((1, 2)), a is (1, 2)
+
+
+def test_a_constant_tuple_is_the_same_object_after_a_break():
+    run_both(f_constant_tuple_identity, tensor)

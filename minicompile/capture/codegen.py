@@ -100,6 +100,8 @@ class Reifier:
             return self.tracer.source_of(v) or self.ns.const(v, "c")
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
+        if isinstance(v, tuple) and self.tracer.source_of(v) and _immutable(tuple(v)):
+            return self.tracer.source_of(v)
         if isinstance(v, tuple) and not isinstance(v, torch.Size) and contains_symbolic(v):
             cls = self.ns.const(type(v), "T")
             items = ", ".join(self.expr(x) for x in v)

@@ -188,6 +188,9 @@ class Tracer:
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             g.type_is(source, type(value))
             items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
+            if all(a is b for a, b in zip(items, value)):   # constants: the same object, as for tuples
+                self._remember(value, source)
+                return value
             return type(value)(*items)
         if type(value) is list:
             g.type_is(source, list)

@@ -3,6 +3,7 @@ programs, its own checks, and one regression test per front-end bug it found. Ea
 runs the function in CPython and compiled, several calls, and compares everything."""
 from __future__ import annotations
 
+import collections
 import itertools
 
 import torch
@@ -136,3 +137,15 @@ def f_constant_tuple_identity(x):
 
 def test_a_constant_tuple_is_the_same_object_after_a_break():
     run_both(f_constant_tuple_identity, tensor)
+
+
+P12 = collections.namedtuple("P", "a b")(1, 2)
+
+
+def f_global_namedtuple_identity(x):
+    return x + 1, id(P12) == id(P12), P12 is P12
+
+
+def test_a_global_namedtuple_of_constants_keeps_its_identity():
+    # id() is a break, and the namedtuple was rebuilt for it: a new object each time
+    run_both(f_global_namedtuple_identity, tensor)

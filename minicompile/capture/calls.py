@@ -538,8 +538,10 @@ def _container_method(tracer: Tracer, fn, args, kwargs):
     owner = fn.__self__
     if fn.__name__ not in _CONTAINER_METHODS[type(owner)]:
         raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() on a traced container")
-    if any(isinstance(a, TensorVar) for a in args) and fn.__name__ in ("index", "count", "remove"):
-        raise GraphBreak(f"{type(owner).__name__}.{fn.__name__}() compares tensors")
+    if fn.__name__ in ("index", "count", "remove") and args:
+        for item in owner:   # the comparisons Python makes; a tensor's truth is a break
+            if semantics.item_equal(item, args[0]) and fn.__name__ != "count":
+                break
     if type(owner) is set and fn.__name__ in _SET_INSERTS and contains_symbolic((args, kwargs)):
         raise GraphBreak("a set holding tensors or traced objects")
     result = fn(*args, **kwargs)

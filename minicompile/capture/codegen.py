@@ -100,8 +100,12 @@ class Reifier:
         tracked = self.tracer.tracked_by_id.get(id(v))
         if tracked is not None:
             return tracked.source   # same object as the caller's, contents replayed already
+        if type(v) is tuple and _immutable(v):   # the same object: the caller's, or the code constant
+            return self.tracer.source_of(v) or self.ns.const(v, "c")
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
+        if isinstance(v, tuple) and self.tracer.source_of(v) and _immutable(tuple(v)):
+            return self.tracer.source_of(v)
         if isinstance(v, tuple) and not isinstance(v, torch.Size) and (contains_symbolic(v) or _holds_sym(v)):
             cls = self.ns.const(type(v), "T")
             items = ", ".join(self.expr(x) for x in v)
@@ -190,6 +194,10 @@ def _bound_per_read(m) -> bool:
         type(owner) in _REPLACE or getattr(owner, m.__name__, None) is not m)
 
 
+def _immutable(v) -> bool:
+    return v is None or type(v) in (bool, int, float, str, bytes) or type(v) is tuple and all(map(_immutable, v))
+
+
 def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
     """Attribute/global/cell writes in program order, then tracked containers' contents."""
     out = []
@@ -210,8 +218,9 @@ def side_effect_lines(tracer: Tracer, r: Reifier) -> list[str]:
                 isinstance(a, tuple) and a[0] == b[0] and a[1] is b[1]) for a, b in zip(now, t.snapshot)):
             continue
         saved = tracer.tracked_by_id.pop(id(t.copy))   # build a fresh value, then copy it in
-        kind = type(t.copy)
-        out.append(f"{_REPLACE[kind]}({t.source}, {r.expr(kind(t.copy))})")
+        fresh = type(t.copy)(t.copy)
+        tracer._keep.append(fresh)   # alive while r's memo knows its id: no later temporary reuses it
+        out.append(f"{_REPLACE[type(t.copy)]}({t.source}, {r.expr(fresh)})")
         tracer.tracked_by_id[id(t.copy)] = saved
     return out
 

@@ -10,6 +10,7 @@ live values. So the "resume function" is our interpreter re-entered mid-frame.
 from __future__ import annotations
 
 import builtins as _builtins
+import collections
 import dis
 import operator
 
@@ -56,8 +57,15 @@ def _compare(inst, result):
     return bool(result) if PY313 and inst.arg & 16 else result   # 3.13's COMPARE_OP to bool
 
 
-def _iter_items(v) -> ResumeIter:
-    if isinstance(v, ResumeIter):
+# Iterators over builtin containers: reading their items up front cannot run user code early.
+# Any other iterator (a generator, itertools.groupby whose groups share its position) stays lazy:
+# each FOR_ITER over it is a break that calls next() in Python, in the program's order.
+_EAGER_ITERATORS = {type(iter(c)) for c in ([], (), "", "\u00e9", b"", range(0), {}, {}.values(), {}.items(),
+                                             set(), collections.deque(), reversed([]))}
+
+
+def _iter_items(v):
+    if isinstance(v, ResumeIter) or type(v) not in _EAGER_ITERATORS:
         return v
     return ResumeIter(list(v))
 

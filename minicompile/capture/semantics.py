@@ -174,6 +174,26 @@ def identity(a, b) -> bool:
     return a is b
 
 
+# Types ``v`` for which ``tensor == v`` is False: Tensor.__eq__ refuses them and Python falls back
+# to identity. A number, array or tensor compares elementwise.
+_NEVER_EQUAL_TO_TENSORS = {str, bytes, type(None), tuple, list, dict, set, frozenset, type, torch.Size}
+
+
+def item_equal(x, item) -> bool:
+    """``x is item or x == item`` as ``in``, ``list.count``/``index``/``remove`` test an item:
+    a tensor compared with a number or tensor is an elementwise tensor whose truth raises or
+    needs its data, so that comparison is a break (Python runs it)."""
+    if x is item:
+        return True
+    if isinstance(x, TensorVar) or isinstance(item, TensorVar):
+        other = item if isinstance(x, TensorVar) else x
+        if type(other) in _NEVER_EQUAL_TO_TENSORS:
+            return False
+        raise GraphBreak(f"comparing a tensor with a {type(other).__name__} in a container test "
+                         "(its truth needs the tensor's data)")
+    return x == item
+
+
 def contains(tracer: Tracer, item, container) -> bool:
     if isinstance(container, TensorVar):
         raise GraphBreak("`x in tensor` needs the tensor's values (data-dependent)")
@@ -185,9 +205,8 @@ def contains(tracer: Tracer, item, container) -> bool:
         return item in container   # a substring test, not a test over characters
     if isinstance(container, DICT_VIEWS) and not contains_symbolic(item):
         return item in container
-    if isinstance(container, (tuple, list, set, frozenset, range, *DICT_VIEWS)):
-        return any(item is x or (not isinstance(x, TensorVar) and not isinstance(item, TensorVar)
-                                 and x == item) for x in container)
+    if isinstance(container, (tuple, list, collections.deque, set, frozenset, range, *DICT_VIEWS)):
+        return any(item_equal(x, item) for x in container)
     if isinstance(container, dict):
         return item in container
     hook = inspect.getattr_static(type(container), "__contains__", None)
@@ -350,6 +369,9 @@ def class_attr(tracer: Tracer, obj, name: str, src: str):
         _missing(tracer, obj, name, src)
     if (bound := objects.bind_python_attr(tracer, obj, attr, name)) is not objects.UNBOUND:
         return bound
+    getter = inspect.getattr_static(type(attr), "__get__", None)
+    if isinstance(getter, types.FunctionType):   # a Python descriptor: its __get__ is traced
+        return tracer.call(getter, [attr, obj, type(obj)], {})
     if hasattr(type(attr), "__get__") and not isinstance(attr, (int, float, str, bool, tuple)):
         try:
             value = getattr(obj, name)  # slots, C getsets: read the real value, guard it
@@ -458,7 +480,7 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
     if traced is not None and name in traced.copy:   # ``obj.__dict__`` was read and written
         return traced.copy[name]
-    if isinstance(d, dict) and name in d and not isinstance(inspect.getattr_static(type(obj), name, None), property):
+    if isinstance(d, dict) and name in d and not hasattr(type(inspect.getattr_static(type(obj), name, None)), "__set__"):
         return tracer.wrap(d[name], f"{src}.{name}")
     return class_attr(tracer, obj, name, src)
 
@@ -511,9 +533,27 @@ def setattr_(tracer: Tracer, obj, name: str, value, hooks: bool = True) -> None:
     if isinstance(obj, nn.Module) and isinstance(value, TensorVar) and (
             name in obj._parameters or name in obj._buffers):
         raise GraphBreak(f"assigning a traced tensor to parameter/buffer {name!r}")
+    static = inspect.getattr_static(type(obj), name, NULL)
+    if hasattr(type(static), "__set__") and not isinstance(obj, nn.Module):
+        _descriptor_set(tracer, static, obj, name, value)   # a data descriptor decides the write
+        return
     if tracer.source_of(obj) is None:
         tracer.const_source(obj, "obj")
     tracer.record_setattr(obj, name, value)
+
+
+def _descriptor_set(tracer: Tracer, desc, obj, name: str, value) -> None:
+    """``obj.name = value`` through a class's data descriptor: a property's setter or a Python
+    ``__set__`` inlined; any other descriptor (slots, C getset) a break."""
+    if isinstance(desc, property):
+        if not isinstance(desc.fset, types.FunctionType):
+            raise GraphBreak(f"setting property {name!r} (no Python setter)")
+        tracer.call(desc.fset, [obj, value], {})
+        return
+    setter = inspect.getattr_static(type(desc), "__set__")
+    if not isinstance(setter, types.FunctionType):
+        raise GraphBreak(f"setting {name!r} through a {type(desc).__name__} descriptor")
+    tracer.call(setter, [desc, obj, value], {})
 
 
 def delattr_(tracer: Tracer, obj, name: str) -> None:

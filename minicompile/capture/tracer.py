@@ -182,15 +182,16 @@ class Tracer:
             g.identity(source, value)
             self._remember(value, source)
             return value
-        if type(value) is tuple or isinstance(value, torch.Size):
+        named = isinstance(value, tuple) and hasattr(type(value), "_fields")
+        if type(value) is tuple or isinstance(value, torch.Size) or named:
             g.type_is(source, type(value))
-            g.length(source, len(value))
+            if not named:
+                g.length(source, len(value))
             items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
-            return type(value)(items)
-        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-            g.type_is(source, type(value))
-            items = [self.wrap(v, f"{source}[{i}]") for i, v in enumerate(value)]
-            return type(value)(*items)
+            if all(a is b for a, b in zip(items, value)):   # constants: the caller's own tuple
+                self._remember(value, source)
+                return value
+            return type(value)(*items) if named else type(value)(items)
         if type(value) is list:
             g.type_is(source, list)
             g.length(source, len(value))

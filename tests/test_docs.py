@@ -13,6 +13,7 @@ entry of the checkout (so `examples/mlp.py` and `--out artifacts/` work and writ
 the checkout); `minicompile`, `python`, `python3` and `.venv/bin/python` there are this
 interpreter with the checkout on PYTHONPATH. Python blocks run as scripts the same way.
 """
+import json
 import os
 import re
 import stat
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from minicompile.tools import doc_numbers
 from tests.helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +70,7 @@ def parse_blocks(markdown: str, path: Path) -> list[DocBlock]:
 
 def shell_commands(text: str) -> list[str]:
     """One command per line (backslash continuations joined); comment-only lines dropped."""
-    joined = re.sub(r"\\\n\s*", " ", text)
+    joined = re.sub(r"\s*\\\n\s*", " ", text)
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
@@ -153,3 +155,15 @@ def test_parser_reads_markers_commands_and_continuations(tmp_path):
     assert (py.kinds, py.reason, py.line) == ({"slow", "continues"}, "takes minutes", 10)
     assert not shell.kinds and output.language == ""
     assert len(RUNNABLE) >= 10 and any(b.path.name == "README.md" for b in RUNNABLE)
+
+
+def test_test_suite_numbers_in_the_docs_come_from_the_record():
+    """README.md and docs/testing.md quote the recorded run (docs/test-run.json), never typed counts."""
+    record = json.loads(doc_numbers.RECORD.read_text())
+    assert doc_numbers.update_docs(record, check=True) == [], \
+        "run `python -m minicompile.tools.doc_numbers` to put docs/test-run.json's numbers into the docs"
+    for path in doc_numbers.DOCS:
+        assert doc_numbers.SPAN.search(path.read_text()), f"{path.name} lost its generated test-run numbers"
+    sentence = doc_numbers.render({"counts": {"passed": 2250, "skipped": 123, "deselected": 40}, "duration_s": 905,
+                                   "cpus": 2, "load_average_at_end": 2.5, "date": "d", "torch": "t"})
+    assert "2,250 passed, 123 skipped, 40 slow" in sentence and "15 min 5 s" in sentence

@@ -1,6 +1,9 @@
 """Fixtures for every test. Shared functions live in tests/helpers.py, not here."""
+import json
 import os
+import platform
 import tempfile
+import time
 
 import pytest
 import torch
@@ -64,3 +67,32 @@ def compiles(monkeypatch):
         return built[-1]
     monkeypatch.setattr(backend_module, "compile_graph", counting)
     return built
+
+
+# -- the run record behind the numbers docs/testing.md and the README quote -------------------------
+
+def pytest_addoption(parser):
+    parser.addoption("--record-run", metavar="FILE", default=None,
+                     help="write this run's outcome counts, duration and machine load to FILE (JSON); "
+                          "python -m minicompile.tools.doc_numbers puts them into the docs")
+
+
+def pytest_configure(config):
+    config.run_started = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    path = config.getoption("--record-run")
+    if not path:
+        return
+    stats = terminalreporter.stats
+    counts = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup", None)])
+              for k in ("passed", "failed", "skipped", "xfailed", "error", "deselected")}
+    record = {"command": "python -m pytest " + " ".join(config.invocation_params.args),
+              "counts": counts, "duration_s": round(time.time() - config.run_started, 1),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+              "load_average_at_end": round(os.getloadavg()[0], 1), "python": platform.python_version(),
+              "torch": torch.__version__, "exit_status": int(exitstatus)}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")

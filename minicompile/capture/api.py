@@ -124,7 +124,11 @@ def _with_report(fn, ctx):
 def explain(fn, backend=None):
     """``explain(fn)(*args, **kwargs)`` runs one call under a fresh capture and returns its
     CaptureReport (graphs, ops per graph, graph breaks with reasons and file:line,
-    fallbacks, guards of each entry). ``report.output`` is what the call returned."""
+    fallbacks, guards of each entry). ``report.output`` is what the call returned. An already
+    compiled ``fn`` (``@compile``) is explained as its original function or module."""
+    fn = fn._module if isinstance(fn, CompiledModule) else fn
+    fn = fn.__wrapped__ if hasattr(fn, "capture_report") and hasattr(fn, "__wrapped__") else fn
+
     def run(*args, **kwargs) -> CaptureReport:
         problem = _version_problem()
         if problem:

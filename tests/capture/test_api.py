@@ -66,6 +66,19 @@ def test_compiled_module_is_module_like():
     assert cm.capture_report.graph_count == 1
 
 
+def test_explain_of_a_compiled_function_or_module_explains_the_original():
+    """docs/capture.md: `@compile def f`, then `explain(f)(x, y)` (it crashed inside the wrapper)."""
+    @compile
+    def f(x, y):
+        return torch.relu(x @ y) * 2
+
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    report = explain(f)(x, y)
+    assert report.graph_count == 1 and report.break_count == 0 and same(report.output, f(x, y))
+    module = compile(nn.Sequential(nn.Linear(4, 4)))
+    assert explain(module)(x).graph_count == 1
+
+
 def test_explain_report_is_printable():
     def f(x):
         y = x.relu()

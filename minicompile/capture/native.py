@@ -15,7 +15,7 @@ import types
 from minicompile.capture.frame import PY313, code_info, handler_for
 from minicompile.capture.registry import HANDLERS   # filled by interpreter.py and ops_data.py
 from minicompile.capture.resume import NATIVE_STEPS, BreakAction
-from minicompile.capture.variables import NULL
+from minicompile.capture.variables import NULL, GraphBreak
 
 # Interpreter handlers that only move values between locals, constants and the stack: they
 # run unchanged on real values.
@@ -189,7 +189,13 @@ def _step(cache, actions: dict, s: _State, offset: int, reason: str, where: str 
     handler = HANDLERS[inst.opname] if inst.opname in _VALUE_MOVES else _REAL.get(inst.opname)
     if handler is not None:
         s.target = None
-        handler(s, inst)
+        try:
+            handler(s, inst)
+        except GraphBreak:   # the tracer's break for an unbound local: running in Python, Python's error
+            if not inst.opname.startswith("LOAD_FAST"):
+                raise
+            raise UnboundLocalError(f"cannot access local variable '{inst.argval}' where it is not associated "
+                                    "with a value") from None
         if s.target is not None or s.returned:
             return s.target
         return info.insts[index + 1].offset

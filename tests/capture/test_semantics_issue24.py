@@ -442,3 +442,22 @@ def test_counter_after_an_int_changed():
     compiled = minicompile.compile(program, backend=lambda gm, example_inputs: gm.forward)
     for lst in ([1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3]):
         assert compiled(torch.randn(3), lst) == program(torch.randn(3), lst)
+
+
+def test_unbound_local_after_a_handled_exception_is_pythons_error():
+    """fuzz_py seed 100670: the frame runs in Python after the handler; reading an unbound local
+    there raised the tracer's GraphBreak to the user instead of UnboundLocalError."""
+    def program(x, n):
+        out = []
+        try:
+            out.append([1, 2][n])
+        except IndexError:
+            out.append("idx")
+        p = p + 1  # noqa: F821 -- unbound on purpose
+        return x, out, p
+
+    compiled = minicompile.compile(program, backend=lambda gm, example_inputs: gm.forward)
+    with pytest.raises(UnboundLocalError, match="cannot access local variable 'p'"):
+        program(torch.randn(2), 5)
+    with pytest.raises(UnboundLocalError, match="cannot access local variable 'p'"):
+        compiled(torch.randn(2), 5)

@@ -261,5 +261,17 @@ def children(v) -> list:
 
 BUILTIN_SUPER = builtins.super
 
-__all__ = ["TracerCall", "instantiate", "make_super", "super_attr", "new_attr", "set_new_attr", "native_method",
-           "is_native_on_new", "rebuild_text", "children", "builtin_base"]
+
+def python_container(v) -> bool:
+    """A subclass of dict, list or set other than those the tracer models (``collections.Counter``,
+    a user's dict subclass): only its type is guarded, so an operator on it must not run while
+    tracing (fuzz_py seed 100169: ``Counter + Counter`` was folded into a constant)."""
+    return isinstance(v, (dict, list, set, frozenset)) and type(v) not in _MODELLED_CONTAINERS
+
+
+_MODELLED_CONTAINERS = (dict, list, set, frozenset, collections.OrderedDict, collections.defaultdict)
+
+
+__all__ = ["TracerCall", "python_container", "instantiate", "make_super", "super_attr", "new_attr", "set_new_attr",
+           "native_method", "is_native_on_new", "rebuild_text", "children", "builtin_base"]
+

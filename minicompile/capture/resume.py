@@ -10,8 +10,8 @@ live values. So the "resume function" is our interpreter re-entered mid-frame.
 from __future__ import annotations
 
 import builtins as _builtins
-import collections
 import dis
+import itertools
 import operator
 
 from minicompile.capture.frame import PY311, PY313, code_info
@@ -57,15 +57,14 @@ def _compare(inst, result):
     return bool(result) if PY313 and inst.arg & 16 else result   # 3.13's COMPARE_OP to bool
 
 
-# Iterators over builtin containers: reading their items up front cannot run user code early.
-# Any other iterator (a generator, itertools.groupby whose groups share its position) stays lazy:
-# each FOR_ITER over it is a break that calls next() in Python, in the program's order.
-_EAGER_ITERATORS = {type(iter(c)) for c in ([], (), "", "\u00e9", b"", range(0), {}, {}.values(), {}.items(),
-                                             set(), collections.deque(), reversed([]))}
+# An iterator handed over at a break is read to its end up front (a ResumeIter), except
+# itertools.groupby's, whose groups share its position: read ahead, every group comes out
+# empty. (A lazy generator here read as empty under ``sum(p.sum() for p in m.parameters())``.)
+_LAZY_ITERATORS = (itertools.groupby, type(next(itertools.groupby([1]))[1]))
 
 
 def _iter_items(v):
-    if isinstance(v, ResumeIter) or type(v) not in _EAGER_ITERATORS:
+    if isinstance(v, (ResumeIter, *_LAZY_ITERATORS)):
         return v
     return ResumeIter(list(v))
 

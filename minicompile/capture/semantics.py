@@ -114,9 +114,9 @@ def binary(tracer: Tracer, fn, a, b):
         return tracer.call_graph("call_function", fn, (a, b))
     if fn in _COMPARES and (contains_symbolic(a) or contains_symbolic(b)):
         raise GraphBreak(f"comparing containers that hold tensors ({fn.__name__})")
-    if is_plain(a) and is_plain(b):
-        return fn(a, b)
-    if fn in (operator.eq, operator.ne) and _default_eq(a) and _default_eq(b):
+    python_op = objects.python_container(a) or objects.python_container(b)   # Counter + Counter: in Python
+    if not python_op and ((is_plain(a) and is_plain(b)) or (
+            fn in (operator.eq, operator.ne) and _default_eq(a) and _default_eq(b))):
         return fn(a, b)
     raise GraphBreak(f"operator {fn.__name__} on {type(a).__name__} and {type(b).__name__}")
 

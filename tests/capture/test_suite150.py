@@ -13,12 +13,7 @@ from tests.helpers import same
 
 # Constructs we do not model yet, each with the reason; the test checks that they still give
 # eager's result (as breaks or fallbacks) and fails loudly once they capture like Dynamo.
-NOT_YET: dict = {
-    # an itertools iterator handed to Python at a break stays lazy (its items may run user code:
-    # groupby, generators), so each step of the comprehension over it is a break; Dynamo models
-    # accumulate itself
-    "itertools_accumulate": "itertools iterators are stepped in Python at breaks, not modelled",
-}
+NOT_YET: dict = {}
 
 
 def _dynamo_graphs(fn, args):

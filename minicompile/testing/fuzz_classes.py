@@ -44,7 +44,7 @@ from minicompile.pipeline import compile_graph
 from minicompile.testing import fuzz
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.testing.fuzz import Input, Program, Value
-from minicompile.testing.fuzz_train import check_inputs, training_inputs
+from minicompile.testing.fuzz_train import batched_programs, check_inputs, training_inputs
 from minicompile.testing.grad_sweep import compare_training, run_with_grads
 
 CALLS = 3                 # the unbacked class calls one build with inputs of seeds seed, seed+1009, seed+2018
@@ -424,17 +424,6 @@ def _eager_trains(prog: ClassProgram) -> bool:
 
 # -- compiling and comparing -----------------------------------------------------------------------
 
-def _batched(fns, counts):
-    """One function running every program on its own inputs; its outputs, one flat tuple."""
-    def batched(*args):
-        outs, k = [], 0
-        for fn, n in zip(fns, counts):
-            outs.extend(fn(*args[k:k + n]))
-            k += n
-        return tuple(outs)
-    return batched
-
-
 def _cloned_outputs(fn):
     """``fn`` with its outputs cloned: an output viewing an input would send training to eager."""
     def cloned(*args):
@@ -520,7 +509,7 @@ def check_batch(programs: list) -> str | None:
     for (kind, train, mode), group in groups.items():
         fns = [p.function() for p in group]
         counts = [len(p.inputs) for p in group]
-        fn = _batched(fns, counts)
+        fn = batched_programs(fns, counts)
         found = check_function(kind, fn, lambda k: [t for p in group for t in p.inputs_at(k)], train, mode)
         if found:
             return found

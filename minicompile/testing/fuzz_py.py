@@ -226,25 +226,18 @@ def _still_fails(program: Program) -> bool:
 
 def shrink(program: Program) -> Program:
     """A smaller program that still fails: drop blocks, then single lines, then calls."""
-    i = 0
-    while i < len(program.blocks) and len(program.blocks) > 1:
-        smaller = replace(program, blocks=program.blocks[:i] + program.blocks[i + 1:])
-        if _still_fails(smaller):
-            program = smaller
-        else:
-            i += 1
+    program = _drop_each(program, lambda p: p.blocks, lambda p, blocks: replace(p, blocks=blocks))
     for b in range(len(program.blocks)):
-        j = 0
-        while j < len(program.blocks[b]) and len(program.blocks[b]) > 1:
-            block = program.blocks[b][:j] + program.blocks[b][j + 1:]
-            smaller = replace(program, blocks=program.blocks[:b] + [block] + program.blocks[b + 1:])
-            if _still_fails(smaller):
-                program = smaller
-            else:
-                j += 1
+        program = _drop_each(program, lambda p: p.blocks[b],
+                             lambda p, lines: replace(p, blocks=p.blocks[:b] + [lines] + p.blocks[b + 1:]))
+    return _drop_each(program, lambda p: p.calls, lambda p, calls: replace(p, calls=calls))
+
+
+def _drop_each(program: Program, items, rebuild) -> Program:
+    """Drop the items ``items(program)`` one at a time (keeping one) while the program still fails."""
     i = 0
-    while i < len(program.calls) and len(program.calls) > 1:
-        smaller = replace(program, calls=program.calls[:i] + program.calls[i + 1:])
+    while i < len(items(program)) and len(items(program)) > 1:
+        smaller = rebuild(program, items(program)[:i] + items(program)[i + 1:])
         if _still_fails(smaller):
             program = smaller
         else:

@@ -121,18 +121,22 @@ def _no_worse_than_eager(fn, inputs: list, expected, actual) -> bool:
     return True
 
 
-def check_batch(programs: list) -> str | None:
-    """Compile ``programs`` as one training graph; None if every output and grad matches eager."""
-    fns = [p.function() for p in programs]
-    inputs = [p.make_inputs() for p in programs]
-    counts = [len(x) for x in inputs]
-
+def batched_programs(fns: list, counts: list):
+    """One function running every program on its own inputs (``counts[i]`` of them); its
+    outputs, one flat tuple."""
     def batched(*args):
         outs, k = [], 0
         for fn, n in zip(fns, counts):
             outs.extend(fn(*args[k:k + n]))
             k += n
         return tuple(outs)
+    return batched
+
+
+def check_batch(programs: list) -> str | None:
+    """Compile ``programs`` as one training graph; None if every output and grad matches eager."""
+    inputs = [p.make_inputs() for p in programs]
+    batched = batched_programs([p.function() for p in programs], [len(x) for x in inputs])
     floor = fuzz._precision_floor([t for x in inputs for t in x])
     return check_inputs(batched, [t for x in inputs for t in x], fuzz._tolerances(floor))
 

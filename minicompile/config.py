@@ -16,6 +16,7 @@ which knobs a mode sets, ``options`` names knobs (or Inductor's names for them,
 from __future__ import annotations
 
 import contextlib
+import functools
 import difflib
 import os
 import warnings
@@ -38,9 +39,7 @@ class Knob:
     shown: str = ""         # the default as the README shows it, where it is computed
 
     def shown_default(self) -> str:
-        if self.shown:
-            return self.shown
-        return f"`{int(self.default)}`" if isinstance(self.default, bool) else f"`{self.default}`"
+        return self.shown or (f"`{int(self.default)}`" if isinstance(self.default, bool) else f"`{self.default}`")
 
     def accepted(self) -> str:
         if isinstance(self.default, bool):
@@ -75,8 +74,7 @@ class Knob:
         return value
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def knob(env: str, default, doc: str, **limits):
@@ -200,8 +198,9 @@ TOOL_VARIABLES = {
 }
 
 
+@functools.cache
 def knobs() -> dict:
-    """Each Config field's name and its Knob."""
+    """Each Config field's name and its Knob (made once: ``patch`` runs around compiled calls)."""
     return {f.name: f.metadata["knob"] for f in fields(Config)}
 
 

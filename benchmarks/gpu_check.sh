@@ -35,12 +35,12 @@ export HF_HUB_OFFLINE=1
 
 if [ "$DRY" = 1 ]; then
     DEVICE=cpu; export MINICOMPILE_CPU_BACKEND=triton   # Triton's interpreter stands in for the GPU
-    N_FUZZ=4; N_TRAIN=2; N_DYN=2; BENCH_ARGS="--dry-run --only kernels"
+    N_FUZZ=4; N_TRAIN=2; N_DYN=2; N_CLS=2; BENCH_ARGS="--dry-run --only kernels"
     # the GPU tests skip here; run one op-table case in the interpreter to exercise the step
     GPU_TESTS="tests/test_triton.py -k 'gpu or (test_matches_eager_triton and add)'"
 else
     DEVICE=cuda
-    N_FUZZ=400; N_TRAIN=150; N_DYN=48; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
+    N_FUZZ=400; N_TRAIN=150; N_DYN=48; N_CLS=32; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
     GPU_TESTS="-m gpu tests/test_triton.py tests/test_modes.py"
 fi
 
@@ -122,9 +122,14 @@ par gpu-tests 150 "$PY -m pytest -q -p no:cacheprovider $XDIST $GPU_TESTS"
 par fuzz 150 "$PY -m minicompile.testing.fuzz --device $DEVICE -n $N_FUZZ --repro-dir $LOGS/repros-fuzz"
 par fuzz-train 150 "$PY -m minicompile.testing.fuzz_train --device $DEVICE -n $N_TRAIN --repro-dir $LOGS/repros-train"
 par fuzz-dynamic 150 "$PY -m minicompile.testing.fuzz --dynamic --device $DEVICE -n $N_DYN --batch 4 --repro-dir $LOGS/repros-dynamic"
+# the bug classes of testing/fuzz_classes.py (layouts, random ops, GQA attention, unbacked sizes,
+# user text), each class from its own seeds; one failing class fails the step
+par fuzz-classes 200 "rc=0; for c in layout random attention unbacked text; do echo \"== class \$c\";
+    $PY -m minicompile.testing.fuzz_classes --class \$c --device $DEVICE --seed 500000 -n $N_CLS --batch 16 \
+    --repro-dir $LOGS/repros-classes || rc=1; done; exit \$rc"
 par front-end 150 "MINICOMPILE_CPU_BACKEND=cpp $PY -m pytest -q -p no:cacheprovider $XDIST tests/capture tests/test_front_end.py"
 wait
-for name in gpu-tests fuzz fuzz-train fuzz-dynamic front-end; do
+for name in gpu-tests fuzz fuzz-train fuzz-dynamic fuzz-classes front-end; do
     read -r RC[$name] SECS[$name] < "$LOGS/$name.rc" 2>/dev/null || { RC[$name]=1; SECS[$name]=0; }
 done
 
@@ -138,10 +143,11 @@ row gpu-tests "tests marked gpu: op table as real kernels, CUDA graphs"
 row fuzz "$N_FUZZ random programs on $DEVICE"
 row fuzz-train "$N_TRAIN random training programs on $DEVICE (grads vs eager)"
 row fuzz-dynamic "$N_DYN random programs, symbolic sizes, on $DEVICE"
+row fuzz-classes "$N_CLS programs of each bug class (layout, random, attention, unbacked, text) on $DEVICE"
 row front-end "our front end's tests on Python $("$PY" -c 'import platform; print(platform.python_version())')"
 row bench "benchmarks/bench_gpu.py $BENCH_ARGS"
 say ""
-for name in gpu-tests fuzz fuzz-train fuzz-dynamic front-end; do
+for name in gpu-tests fuzz fuzz-train fuzz-dynamic fuzz-classes front-end; do
     if [ "${RC[$name]}" != 0 ]; then
         say "### $name: the end of its log"
         say '```'
@@ -157,7 +163,7 @@ grep -E "Traceback|Error" "$LOGS/bench.log" | sort | uniq -c | head -20 >> "$SUM
 
 tar -czf "$RESULTS/logs.tar.gz" -C "$RESULTS" logs && rm -rf "$LOGS"
 echo "results: $SUMMARY, logs: $RESULTS/logs.tar.gz"
-for name in install gpu-tests fuzz fuzz-train fuzz-dynamic front-end bench; do
+for name in install gpu-tests fuzz fuzz-train fuzz-dynamic fuzz-classes front-end bench; do
     [ "${RC[$name]}" = 0 ] || exit 1
 done
 exit 0

@@ -235,7 +235,7 @@ RANDOM_OPS = ["torch.nn.functional.dropout({0}, {p}, True)", "torch.bernoulli(to
               "torch.bernoulli({0}, p={p})", "torch.rand_like({0})", "torch.randn_like({0}) * {0}",
               "torch.empty_like({0}).uniform_(-1, 1)", "torch.empty_like({0}).normal_(0, 2)",
               "torch.empty_like({0}).bernoulli_({p})", "torch.nn.functional.alpha_dropout({0}, {p}, True)",
-              "torch.nn.functional.dropout({0} * 2, {p}, True) + {0}", "torch.rand({0}.shape) + {0}",
+              "torch.nn.functional.dropout({0} * 2, {p}, True) + {0}", "torch.rand({0}.shape, device={0}.device) + {0}",
               "torch.randint_like({0}, 0, 7)"]
 # Not rrelu(training=True): on a non-contiguous input eager returns a contiguous result where the
 # fake kernel says input-like strides, and we keep the fake's (an xfail in tests/test_fuzz_classes.py)
@@ -330,12 +330,12 @@ def generate_attention(seed: int) -> ClassProgram:
 
 UNBACKED_PRODUCERS = ["{0}[{0} > 0]", "torch.masked_select({0}, {0} < 0.3)", "torch.nonzero({0} > 0)",
                       "{0}[torch.nonzero({0}.sum(-1) > 0)[:, 0]]", "{0}.flatten()[({0}.flatten() > 0).nonzero()[:, 0]]",
-                      "torch.zeros(({0} > 0).sum().item()) + {0}.sum()",
-                      "torch.arange(({0} > 0.5).sum().item()) * {0}.mean()",
+                      "torch.zeros(({0} > 0).sum().item(), device={0}.device) + {0}.sum()",
+                      "torch.arange(({0} > 0.5).sum().item(), device={0}.device) * {0}.mean()",
                       "{0}.scatter(-1, ({0}.abs() * 0).long(), {0}.amax().item())",
                       "{0}.reshape(-1)[:({0} > 0).sum().item()]",
-                      "torch.zeros({0}.shape[0]).index_add(0, torch.nonzero({0}.reshape({0}.shape[0], -1)[:, 0] > 0)[:, 0],"
-                      " torch.ones(({0}.reshape({0}.shape[0], -1)[:, 0] > 0).sum().item()))",
+                      "torch.zeros({0}.shape[0], device={0}.device).index_add(0, torch.nonzero({0}.reshape({0}.shape[0], -1)[:, 0] > 0)[:, 0],"
+                      " torch.ones(({0}.reshape({0}.shape[0], -1)[:, 0] > 0).sum().item(), device={0}.device))",
                       "{0} * ({0} > 0).sum().item() + {0}.max().item()"]
 UNBACKED_CONSUMERS = ["{0}.sin() * 2 + 1", "{0}.sum()", "{0}.mean()", "torch.cat([{0}, {0}.cos()])",
                       "torch.cat([{0}.reshape(-1), {0}.reshape(-1) * 3])", "{0}.view(-1, 1) * 2",
@@ -535,7 +535,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32, help="programs compiled together (per training/form group)")
     p.add_argument("--repro-dir", default="fuzz-repros", help="where minimal reproducers are written")
     p.add_argument("--show", type=int, help="print program SEED as a standalone file and exit")
+    fuzz.add_device_argument(p)
     args = p.parse_args(argv)
+    fuzz.use_device(args.device)
     if args.show is not None:
         print(generate_for(args.kind)(args.show).reproducer(f"{args.kind} fuzzer seed {args.show}"))
         return 0

@@ -35,13 +35,13 @@ export HF_HUB_OFFLINE=1
 
 if [ "$DRY" = 1 ]; then
     DEVICE=cpu; export MINICOMPILE_CPU_BACKEND=triton   # Triton's interpreter stands in for the GPU
-    N_FUZZ=4; N_TRAIN=2; N_DYN=2; N_CLS=2; BENCH_ARGS="--dry-run --only kernels"
+    N_FUZZ=4; N_TRAIN=2; N_DYN=2; N_CLS=2; CLASS_JOIN=";"; BENCH_ARGS="--dry-run --only kernels"
     # the GPU tests skip here; run one op-table case in the interpreter to exercise the step
     GPU_TESTS="tests/test_triton.py -k 'gpu or (test_matches_eager_triton and add)'"
 else
     DEVICE=cuda
-    N_FUZZ=400; N_TRAIN=150; N_DYN=48; N_CLS=32; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
-    GPU_TESTS="-m gpu tests/test_triton.py tests/test_modes.py"
+    N_FUZZ=400; N_TRAIN=150; N_DYN=48; N_CLS=32; CLASS_JOIN="&"; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
+    GPU_TESTS="-m gpu tests/test_triton.py tests/test_modes.py tests/test_gpu_classes.py"
 fi
 
 : > "$SUMMARY"
@@ -123,10 +123,14 @@ par fuzz 150 "$PY -m minicompile.testing.fuzz --device $DEVICE -n $N_FUZZ --repr
 par fuzz-train 150 "$PY -m minicompile.testing.fuzz_train --device $DEVICE -n $N_TRAIN --repro-dir $LOGS/repros-train"
 par fuzz-dynamic 150 "$PY -m minicompile.testing.fuzz --dynamic --device $DEVICE -n $N_DYN --batch 4 --repro-dir $LOGS/repros-dynamic"
 # the bug classes of testing/fuzz_classes.py (layouts, random ops, GQA attention, unbacked sizes,
-# user text), each class from its own seeds; one failing class fails the step
-par fuzz-classes 200 "rc=0; for c in layout random attention unbacked text; do echo \"== class \$c\";
-    $PY -m minicompile.testing.fuzz_classes --class \$c --device $DEVICE --seed 500000 -n $N_CLS --batch 16 \
-    --repro-dir $LOGS/repros-classes || rc=1; done; exit \$rc"
+# user text), each with its own seeds and cache, the five at once on a GPU machine (one after
+# another in a dry run: 2 cores); one failing class fails the step
+par fuzz-classes 200 "for c in layout random attention unbacked text; do
+    ( MINICOMPILE_CACHE_DIR=\$MINICOMPILE_CACHE_DIR/\$c $PY -m minicompile.testing.fuzz_classes --class \$c \
+      --device $DEVICE --seed 500000 -n $N_CLS --batch 16 --repro-dir $LOGS/repros-classes > $LOGS/class-\$c.log 2>&1;
+      echo \$? > $LOGS/class-\$c.rc ) $CLASS_JOIN
+    done; wait; rc=0; for c in layout random attention unbacked text; do echo \"== class \$c\";
+    cat $LOGS/class-\$c.log; [ \"\$(cat $LOGS/class-\$c.rc 2>/dev/null)\" = 0 ] || rc=1; done; exit \$rc"
 par front-end 150 "MINICOMPILE_CPU_BACKEND=cpp $PY -m pytest -q -p no:cacheprovider $XDIST tests/capture tests/test_front_end.py"
 wait
 for name in gpu-tests fuzz fuzz-train fuzz-dynamic fuzz-classes front-end; do

@@ -83,3 +83,38 @@ def test_mixed_dtype_strides_follow_the_device(device, expected):
     restride_elementwise(gm, mode)
     (out,) = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert out.meta["val"].stride() == expected
+
+
+_SEEN_STRIDES = []
+
+
+@torch.library.custom_op("minicompile_test::record_strides", mutates_args=())
+def record_strides(x: torch.Tensor) -> torch.Tensor:
+    _SEEN_STRIDES.append(x.stride())
+    return x * 2
+
+
+@record_strides.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@pytest.mark.parametrize("pad", [13, 5])
+def test_an_extern_gets_eager_padded_strides(pad):
+    """An extern reads its input with the strides eager gave it, gaps included: CUDA's attention
+    kernels reject a mask that is not padded to 16 elements per row, as eager pads it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from minicompile.pipeline import compile_graph
+
+    def f(x):
+        return record_strides(torch.nn.functional.pad(x.sin(), (0, pad))[..., :3])
+
+    x = torch.randn(2, 4, 3)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    compiled = compile_graph(gm, [x])
+    _SEEN_STRIDES.clear()
+    got = compiled(x)
+    eager = f(x)
+    torch.testing.assert_close(got, eager)
+    assert _SEEN_STRIDES[0] == _SEEN_STRIDES[1] == ((3 + pad) * 4, 3 + pad, 1), _SEEN_STRIDES

@@ -107,6 +107,8 @@ class TritonOps:
         groups = self.kernel.index_groups(expr)
         if expr.is_const:
             return TV(literal(expr.const, dtype), dtype)
+        if not groups:  # sizes only: Triton passes an int argument equal to 1 as a constexpr, which has no .to
+            return self._tmp(dtype, f"tl.full([], {_R.render(expr)}, tl.int64).to({TL[dtype]})", groups)
         return self._tmp(dtype, f"({_R.render(expr)}).to({TL[dtype]})", groups)
 
     def to_dtype(self, x, dtype):

@@ -6,7 +6,10 @@ the contiguous one. ``bernoulli.p``, which functionalization and our in-place re
 ``bernoulli_``'s place, fills a fresh contiguous tensor, in logical order. So a dense input that
 is not contiguous gets its draws from ``bernoulli.p`` over the input's dimensions permuted into
 memory order (a contiguous view), permuted back: the same numbers at the same addresses as
-eager's, and the mask has eager's strides.
+eager's, and the mask has eager's strides. CUDA's ``bernoulli_`` draws in memory order too (a
+nullary TensorIterator coalesces a dense tensor to one dimension), so alpha dropout and
+``bernoulli_`` take the same route there; CUDA's dropout is its own fused kernel
+(``native_dropout``), kept as eager's op.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch
 from minicompile.decomp.registry import register_decomposition
 
 aten = torch.ops.aten
+_MEMORY_ORDER_DRAWS = ("cpu", "cuda")   # devices whose bernoulli_ fills a dense tensor in memory order
 
 
 @register_decomposition(aten.dropout.default)
@@ -34,7 +38,7 @@ def alpha_dropout(input, p, train):
     """Eager's CPU alpha dropout (SELU's), with dropout's draws."""
     if not train or p == 0:
         return input
-    if p == 1 or input.device.type != "cpu" or memory_order(input) is None:
+    if p == 1 or input.device.type not in _MEMORY_ORDER_DRAWS or memory_order(input) is None:
         return NotImplemented
     alpha = 1.7580993408473766
     a = 1.0 / math.sqrt((alpha * alpha * p + 1) * (1 - p))
@@ -45,7 +49,7 @@ def alpha_dropout(input, p, train):
 
 @register_decomposition(aten.bernoulli_.float)
 def bernoulli_(self, p=0.5, *, generator=None):
-    if generator is not None or self.device.type != "cpu" or memory_order(self) is None:
+    if generator is not None or self.device.type not in _MEMORY_ORDER_DRAWS or memory_order(self) is None:
         return NotImplemented
     return aten.copy_.default(self, bernoulli_like(self, p))
 

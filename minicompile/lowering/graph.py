@@ -26,8 +26,8 @@ from minicompile.ir.expr import Expr, NotSymbolic, Sym, symbols_of
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, ScalarRef, StorageView, TensorValue,
-                                  contiguous_strides, in_memory_order, iteration_vars, memory_order, prod, shape_of,
-                                  strides_of, sym_value)
+                                  contiguous_strides, in_memory_order, is_static, iteration_vars, memory_order, prod,
+                                  shape_of, strides_of, sym_value)
 from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import Unsupported, lowering_for
 
@@ -90,14 +90,16 @@ class GraphLowering:
         self.register(buf)
         return StorageView.whole(buf)
 
-    def realize_as_node(self, value: TensorValue, node: torch.fx.Node) -> StorageView:
-        """Realize with eager's strides for ``node`` (outputs and views of it must match eager)."""
+    def realize_as_node(self, value: TensorValue, node: torch.fx.Node, padded: bool = False) -> StorageView:
+        """Realize with eager's strides for ``node`` (outputs and views of it must match eager). With
+        ``padded``, also strides with gaps between rows: an extern may need them (CUDA attention
+        reads a mask whose rows eager padded to 16 elements, and rejects other strides)."""
         meta = node.meta.get("val")
         if isinstance(value, StorageView):
             return value
         if isinstance(meta, torch.Tensor) and shape_of(meta) == tuple(value.size):
             lay = Layout(shape_of(meta), strides_of(meta), 0, value.dtype, value.device)
-            if lay.storage_numel() == _numel(lay.size):  # dense: same strides as eager
+            if lay.storage_numel() == _numel(lay.size) or (padded and _gapped(lay)):  # same strides as eager
                 return self.realize(value, lay, origins=[node.name])
         return self.realize(value, origins=[node.name])
 
@@ -237,7 +239,7 @@ class GraphLowering:
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
             if isinstance(value, TensorValue) and not isinstance(value, StorageView):
-                self.env[n] = self.realize_as_node(value, n)
+                self.env[n] = self.realize_as_node(value, n, padded=True)
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
 
@@ -396,6 +398,18 @@ def _python_number(val):
     """A SymInt/SymFloat/SymBool whose value the trace knows exactly, as a Python number."""
     kind = int if isinstance(val, torch.SymInt) else float if isinstance(val, torch.SymFloat) else bool
     return kind(val.node.expr)
+
+
+def _gapped(lay: Layout) -> bool:
+    """Static positive strides that never make two elements share memory, with gaps (padded rows)."""
+    if not (is_static(lay.size) and is_static(lay.stride)) or _numel(lay.size) == 0:
+        return False
+    span = 1
+    for st, sz in sorted((st, sz) for sz, st in zip(lay.size, lay.stride) if sz > 1):
+        if st < span:
+            return False
+        span = st * sz
+    return True
 
 
 def _numel(size):

@@ -118,3 +118,19 @@ def test_an_extern_gets_eager_padded_strides(pad):
     eager = f(x)
     torch.testing.assert_close(got, eager)
     assert _SEEN_STRIDES[0] == _SEEN_STRIDES[1] == ((3 + pad) * 4, 3 + pad, 1), _SEEN_STRIDES
+
+
+def test_attention_bias_rows_are_aligned_as_eager_pads_them():
+    """CUDA's memory-efficient attention needs bias strides that are multiples of 16 bytes; the
+    wrapper passes its bias through aligned_rows (the same tensor when aligned, else a padded copy)."""
+    from minicompile.runtime.extern_args import aligned_rows
+
+    compact = torch.randn(1, 4, 1, 3)
+    got = aligned_rows(compact)
+    assert got.stride() == (16, 4, 4, 1) and torch.equal(got, compact)
+    aligned = torch.randn(2, 3, 8)
+    assert aligned_rows(aligned) is aligned
+    half = torch.randn(2, 5, dtype=torch.float16)
+    assert aligned_rows(half).stride() == (8, 1) and torch.equal(aligned_rows(half), half)
+    broadcast = torch.randn(1, 1, 8).expand(2, 4, 8)
+    assert aligned_rows(broadcast) is broadcast

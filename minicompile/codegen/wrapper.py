@@ -33,6 +33,7 @@ from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
                                   contiguous_strides)
 from minicompile.runtime import host_pool
+from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, aligned_rows
 from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import FusedKernel
@@ -116,8 +117,11 @@ class WrapperCode:
             else:
                 b = step.buffer
                 if isinstance(b, ExternKernel):
-                    args = ", ".join([self.value(a) for a in b.args] +
-                                     [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
+                    texts = [self.value(a) for a in b.args]
+                    if b.op in ALIGNED_ROW_ARGS and len(texts) > ALIGNED_ROW_ARGS[b.op]:
+                        at = ALIGNED_ROW_ARGS[b.op]
+                        texts[at] = f"{self._ref(aligned_rows)}({texts[at]})"
+                    args = ", ".join(texts + [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
                     if writes_out(b):  # into its own buffer, already in the layout kernels index
                         out_op = OUT_VARIANTS[b.op]
                         L.append(self._alloc(b, pool, outputs))

@@ -8,12 +8,16 @@ one OpenMP thread, and goes through ``torch.compile(model, backend="minicompile"
 - inference: ``eval()`` under ``no_grad``, the output compared with eager's;
 - training: two AdamW steps in train mode (dropout off, everything else as the model has it,
   channels-last convolutions on: the default), the losses and every gradient compared with
-  eager's. A float64 copy of the model takes the same steps: where ours is not within
-  OUT_RTOL (losses) or GRAD_RTOL (gradients) of eager float32, it must be about as close to
-  float64 as eager float32 is (at most F64_FACTOR times eager's distance), the way the
-  training fuzzer judges bf16. The second step needs that often: AdamW's first update is
-  about lr * sign(gradient), so a gradient element that rounding noise puts on either side
-  of zero moves by 2 * lr in one run and not the other.
+  eager's at the same point: eager float32 takes its steps first, and each compiled step starts
+  from the model and optimizer state eager's step started from (loaded in place, the compiled
+  model is not rebuilt). Left to run on, the compiled model's second step would be taken
+  elsewhere: AdamW's first update is about lr * sign(gradient), so a gradient element that
+  rounding noise puts on either side of zero moves by 2 * lr in one run and not the other, and
+  the second step's gradients then differ by much more than the compiler's rounding. A float64
+  copy of the model takes each step from the same point too; where ours is not within OUT_RTOL
+  (losses) or GRAD_RTOL (gradients) of eager float32, it must be about as close to float64 as
+  eager float32 is (at most F64_FACTOR times eager's distance), the way the training fuzzer
+  judges bf16.
 
 A row's status: ``ok``; ``wrong`` (a value out of tolerance); ``crash`` (an exception reached the
 user); ``fallback`` (a graph ran eagerly: minicompile's log said so; the reasons are listed);
@@ -192,24 +196,35 @@ def infer(model: nn.Module, inputs: tuple) -> float:
         return rel_max(compiled(*inputs), expected)
 
 
-def train(model: nn.Module, inputs: tuple, compiled: bool) -> tuple[list, list]:
-    """Two AdamW steps of ``model`` (a copy); the losses and the gradients of each step."""
+STEPS = 2
+
+
+def train(model: nn.Module, inputs: tuple, compiled: bool, points: list | None = None) -> tuple[list, list, list]:
+    """STEPS AdamW steps of ``model`` (a copy, in its dtype); each step's loss and gradients, and
+    the point each step started from (the model's state and the optimizer's, copied). Given
+    ``points`` (eager's), step k starts from points[k] instead of where step k-1 left this run:
+    each step's loss and gradients are then taken at the same point as eager's."""
     model = copy.deepcopy(model).train()
     fn = torch.compile(model, backend="minicompile") if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     target = torch.randint(0, CLASSES, (BATCH,), generator=torch.Generator().manual_seed(2))
-    losses, grads = [], []
-    for _ in range(2):
+    losses, grads, started = [], [], []
+    for k in range(STEPS):
+        if points is not None:
+            model.load_state_dict(points[k][0])   # copies in place, casting to this model's dtype
+            opt.load_state_dict(points[k][1])
+        started.append((copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())))
         opt.zero_grad(set_to_none=True)
         out = fn(*inputs)
         out = out.flatten(0, -2) if out.dim() > 2 else out   # token logits: one row per token
-        loss = F.cross_entropy(out.float(), target.repeat_interleave(out.shape[0] // BATCH) % out.shape[-1])
+        loss = F.cross_entropy(out.float() if out.dtype != torch.float64 else out,
+                               target.repeat_interleave(out.shape[0] // BATCH) % out.shape[-1])
         loss.backward()
         losses.append(loss.detach())
         grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                       for p in model.parameters()])
         opt.step()
-    return losses, grads
+    return losses, grads, started
 
 
 def judge_losses(ours: list, eager: list, f64: list) -> list[str]:
@@ -248,10 +263,10 @@ def run_one(name: str) -> Result:
         model, inputs = MODELS[name]()
         r.infer_err = infer(model, inputs)
         torch._dynamo.reset()
-        losses, grads = train(model, inputs, compiled=True)
-        ref_losses, ref_grads = train(model, inputs, compiled=False)
+        ref_losses, ref_grads, points = train(model, inputs, compiled=False)
+        losses, grads, _ = train(model, inputs, compiled=True, points=points)
         wide = [x.double() if x.is_floating_point() else x for x in inputs]
-        f64_losses, f64_grads = train(model.double(), wide, compiled=False)
+        f64_losses, f64_grads, _ = train(model.double(), wide, compiled=False, points=points)
         r.loss_err = max(rel_max(a, b) for a, b in zip(losses, ref_losses))
         names = [n for n, _ in model.named_parameters()]
         problems = [f"inference output {r.infer_err:.1e} from eager"] if r.infer_err > OUT_RTOL else []

@@ -17,7 +17,11 @@ one OpenMP thread, and goes through ``torch.compile(model, backend="minicompile"
   copy of the model takes each step from the same point too; where ours is not within OUT_RTOL
   (losses) or GRAD_RTOL (gradients) of eager float32, it must be about as close to float64 as
   eager float32 is (at most F64_FACTOR times eager's distance), the way the training fuzzer
-  judges bf16.
+  judges bf16. A model with convolutions has two eager float32 runs, NCHW and channels-last
+  (the layout ours trains in), and eager's distance is the farther of the two: an activation
+  that lies within rounding of a kink (a ReLU6 input at -3e-7 among values up to 5.5 in
+  mobilenetv2_050) falls on either side in different float32 computations, eager's own two
+  included, and moves a whole channel's gradients by far more than rounding.
 
 A row's status: ``ok``; ``wrong`` (a value out of tolerance); ``crash`` (an exception reached the
 user); ``fallback`` (a graph ran eagerly: minicompile's log said so; the reasons are listed);
@@ -212,7 +216,7 @@ def train(model: nn.Module, inputs: tuple, compiled: bool, points: list | None =
     for k in range(STEPS):
         if points is not None:
             model.load_state_dict(points[k][0])   # copies in place, casting to this model's dtype
-            opt.load_state_dict(points[k][1])
+            opt.load_state_dict(copy.deepcopy(points[k][1]))   # the optimizer would take these tensors as its own
         started.append((copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())))
         opt.zero_grad(set_to_none=True)
         out = fn(*inputs)
@@ -227,24 +231,32 @@ def train(model: nn.Module, inputs: tuple, compiled: bool, points: list | None =
     return losses, grads, started
 
 
-def judge_losses(ours: list, eager: list, f64: list) -> list[str]:
-    """Each step's loss: within OUT_RTOL of eager's, or about as close to float64's as eager's is."""
-    return [f"step {k + 1} loss {rel_max(a, b):.1e} from eager; float64 distance ours {rel_max(a, d):.1e}, "
-            f"eager {rel_max(b, d):.1e}" for k, (a, b, d) in enumerate(zip(ours, eager, f64))
-            if rel_max(a, b) > OUT_RTOL and rel_max(a, d) > max(F64_FACTOR * rel_max(b, d), NOISE)]
+def judge_losses(ours: list, eagers: list, f64: list) -> list[str]:
+    """Each step's loss: within OUT_RTOL of an eager run's, or about as close to float64's as the
+    eager runs are (the farther of them: each is a float32 computation a user gets)."""
+    problems = []
+    for k, (a, d) in enumerate(zip(ours, f64)):
+        err = min(rel_max(a, e[k]) for e in eagers)
+        eager_to_f64 = max(rel_max(e[k], d) for e in eagers)
+        if err > OUT_RTOL and rel_max(a, d) > max(F64_FACTOR * eager_to_f64, NOISE):
+            problems.append(f"step {k + 1} loss {err:.1e} from eager; float64 distance ours "
+                            f"{rel_max(a, d):.1e}, eager {eager_to_f64:.1e}")
+    return problems
 
 
-def judge_grads(ours: list, eager: list, f64: list, names: list, r: Result) -> str:
-    """The worst gradient (relative L2 to eager's) over both steps, and whether float64 excuses it.
+def judge_grads(ours: list, eagers: list, f64: list, names: list, r: Result) -> str:
+    """The worst gradient (relative L2 to the nearer eager run's) over both steps, and whether
+    float64 excuses it: ours at most F64_FACTOR times as far from it as the farther eager run.
     A gradient below FLOOR of its step's whole gradient norm (a bias that BatchNorm cancels: zero
     in exact arithmetic) is measured against that floor: its value is rounding noise in eager too."""
     worst = (-1.0, None)
     for step in range(len(ours)):
         floor = FLOOR * float(torch.cat([d.double().flatten() for d in f64[step]]).norm())
-        for name, o, e, d in zip(names, ours[step], eager[step], f64[step]):
-            err = rel_l2(o, e, floor)
+        for i, (name, o, d) in enumerate(zip(names, ours[step], f64[step])):
+            err = min(rel_l2(o, e[step][i], floor) for e in eagers)
             if err > worst[0]:
-                worst = (err, (step, name, rel_l2(o, d, floor), rel_l2(e, d, floor)))
+                eager_to_f64 = max(rel_l2(e[step][i], d, floor) for e in eagers)
+                worst = (err, (step, name, rel_l2(o, d, floor), eager_to_f64))
     r.grad_l2, (step, name, to_f64, eager_to_f64) = worst[0], worst[1]
     r.grad_f64 = (to_f64, eager_to_f64)
     if r.grad_l2 <= GRAD_RTOL or to_f64 <= max(F64_FACTOR * eager_to_f64, NOISE):
@@ -264,14 +276,21 @@ def run_one(name: str) -> Result:
         r.infer_err = infer(model, inputs)
         torch._dynamo.reset()
         ref_losses, ref_grads, points = train(model, inputs, compiled=False)
+        eager_losses, eager_grads = [ref_losses], [ref_grads]
+        if any(p.dim() == 4 for p in model.parameters()):   # convolutions: eager channels-last too
+            cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
+            cl_inputs = [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs]
+            cl_losses, cl_grads, _ = train(cl, cl_inputs, compiled=False, points=points)
+            eager_losses.append(cl_losses)
+            eager_grads.append(cl_grads)
         losses, grads, _ = train(model, inputs, compiled=True, points=points)
         wide = [x.double() if x.is_floating_point() else x for x in inputs]
         f64_losses, f64_grads, _ = train(model.double(), wide, compiled=False, points=points)
-        r.loss_err = max(rel_max(a, b) for a, b in zip(losses, ref_losses))
+        r.loss_err = max(min(rel_max(a, e[k]) for e in eager_losses) for k, a in enumerate(losses))
         names = [n for n, _ in model.named_parameters()]
         problems = [f"inference output {r.infer_err:.1e} from eager"] if r.infer_err > OUT_RTOL else []
-        problems += judge_losses(losses, ref_losses, f64_losses)
-        problems += [p for p in [judge_grads(grads, ref_grads, f64_grads, names, r)] if p]
+        problems += judge_losses(losses, eager_losses, f64_losses)
+        problems += [p for p in [judge_grads(grads, eager_grads, f64_grads, names, r)] if p]
         if problems:
             r.status, r.detail = "wrong", "; ".join(problems)
     except Exception as e:

@@ -52,10 +52,7 @@ F64_FACTOR = 3.0      # ours may be this many times farther from float64 than ea
 NOISE = 1e-6          # gradients this close to float64 in relative L2 pass whatever eager's distance
 FLOOR = 1e-2          # a gradient's norm is taken as at least this fraction of its step's (judge_grads)
 BATCH, IMAGE, TOKENS, CLASSES = 2, 64, 16, 10
-PENDING: dict[str, str] = {    # model -> the known issue-23 bug another change fixes
-    "mobilenetv2_050": "issue 23: channels-last training gradients' precision (depthwise conv, BatchNorm)",
-    "coat_lite_tiny": "issue 23: CoaT's backward 'Cannot view a tensor' on a padded saved tensor",
-}
+PENDING: dict[str, str] = {}   # model -> the known issue-23 bug another change fixes (none open)
 
 
 # ------------------------------------------------------------------------------- the models

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minicompile.testing import tryout_models as tryout
+from minicompile.testing import kinks, tryout_models as tryout
 
 
 def _grads(*tensors):
@@ -59,6 +59,31 @@ def test_a_flip_that_one_eager_layout_makes_too_passes():
     assert "grad of w" in tryout.judge_grads(_grads(ours), [_grads(nchw)], _grads(f64), ["w"], r)
     assert tryout.judge_grads(_grads(ours), [_grads(nchw), _grads(flipped)], _grads(f64), ["w"], r) == ""
     assert r.grad_l2 < tryout.GRAD_RTOL        # within float32 noise of channels-last eager
+
+
+def test_a_relu_input_within_rounding_of_zero_is_found_and_flipped():
+    """ghostnet_050: a ReLU input at 7e-7 among values up to 5 at step 2; ours let its gradient
+    through, float64 did not (ours 3e-5 from float64 with that element moved, 2.3e-3 without)."""
+    torch.manual_seed(0)
+    first = nn.Linear(4, 6).double()
+    model = nn.Sequential(first, nn.ReLU(), nn.Linear(6, tryout.CLASSES).double())
+    x = (torch.randn(tryout.BATCH, 4, dtype=torch.float64),)
+    with torch.no_grad():
+        first.bias[3] -= first(x[0])[0, 3] + 1e-9       # sample 0's fourth ReLU input: -1e-9
+    found = kinks.record(model)
+    model(*x)
+    ties = found.ties()
+    assert ties[0] == ("1", 0, 3, 0.0) and len(ties) == 1
+    _, plain = tryout.loss_and_grads(model, model, x)
+    flipped_model = kinks.flip(copy.deepcopy(model), ties[0])
+    _, flipped = tryout.loss_and_grads(flipped_model, flipped_model, x)
+    assert (flipped[0][3] - plain[0][3]).abs().max() > 1e-3   # sample 0's gradient let through that row
+    assert torch.allclose(plain[0][:3], flipped[0][:3], rtol=1e-6)   # the others move by the 2e-9 only
+    r = tryout.Result("m")
+    names = [n for n, _ in model.named_parameters()]
+    ours = [[g.float() for g in flipped]]
+    assert "grad of 0.weight" in tryout.judge_grads(ours, [[[g.float() for g in plain]]], [plain], names, r)
+    assert tryout.judge_grads(ours, [[[g.float() for g in plain]]], [plain], names, r, [[flipped]]) == ""
 
 
 def test_each_step_starts_where_eagers_did():

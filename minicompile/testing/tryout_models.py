@@ -46,6 +46,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minicompile.testing import kinks
+
 OUT_RTOL = 1e-4       # max |compiled - eager| / max |eager| of an output or loss
 GRAD_RTOL = 1e-4      # relative L2 of a gradient that needs no second opinion
 F64_FACTOR = 3.0      # ours may be this many times farther from float64 than eager float32 is
@@ -219,7 +221,6 @@ def train(model: nn.Module, inputs: tuple, compiled: bool, points: list | None =
     model = copy.deepcopy(model).train()
     fn = torch.compile(model, backend="minicompile") if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    target = torch.randint(0, CLASSES, (BATCH,), generator=torch.Generator().manual_seed(2))
     losses, grads, started = [], [], []
     for k in range(STEPS):
         if points is not None:
@@ -227,16 +228,40 @@ def train(model: nn.Module, inputs: tuple, compiled: bool, points: list | None =
             opt.load_state_dict(copy.deepcopy(points[k][1]))   # the optimizer would take these tensors as its own
         started.append((copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())))
         opt.zero_grad(set_to_none=True)
-        out = fn(*inputs)
-        out = out.flatten(0, -2) if out.dim() > 2 else out   # token logits: one row per token
-        loss = F.cross_entropy(out.float() if out.dtype != torch.float64 else out,
-                               target.repeat_interleave(out.shape[0] // BATCH) % out.shape[-1])
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                      for p in model.parameters()])
+        loss, step_grads = loss_and_grads(model, fn, inputs)
+        losses.append(loss)
+        grads.append(step_grads)
         opt.step()
     return losses, grads, started
+
+
+def loss_and_grads(model: nn.Module, fn: Callable, inputs: tuple) -> tuple:
+    """One forward and backward of ``fn`` (``model``, or it compiled): the loss, each parameter's gradient."""
+    target = torch.randint(0, CLASSES, (BATCH,), generator=torch.Generator().manual_seed(2))
+    out = fn(*inputs)
+    out = out.flatten(0, -2) if out.dim() > 2 else out   # token logits: one row per token
+    loss = F.cross_entropy(out.float() if out.dtype != torch.float64 else out,
+                           target.repeat_interleave(out.shape[0] // BATCH) % out.shape[-1])
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                           for p in model.parameters()]
+
+
+def tie_variants(model64: nn.Module, inputs: tuple, points: list) -> list[list]:
+    """For each step, the float64 gradients with one activation input that lies within rounding
+    of a kink moved to its other side (minicompile/testing/kinks.py), one run per such input."""
+    variants = []
+    for point in points:
+        def at_point():
+            m = copy.deepcopy(model64).train()
+            m.load_state_dict(point[0])
+            return m
+        m = at_point()
+        found = kinks.record(m)
+        m(*inputs)
+        variants.append([loss_and_grads(m2, m2, inputs)[1]
+                         for m2 in (kinks.flip(at_point(), tie) for tie in found.ties())])
+    return variants
 
 
 def judge_losses(ours: list, eagers: list, f64: list) -> list[str]:
@@ -252,18 +277,24 @@ def judge_losses(ours: list, eagers: list, f64: list) -> list[str]:
     return problems
 
 
-def judge_grads(ours: list, eagers: list, f64: list, names: list, r: Result) -> str:
+def judge_grads(ours: list, eagers: list, f64: list, names: list, r: Result, ties: list | None = None) -> str:
     """The worst gradient (relative L2 to the nearer eager run's) over both steps, and whether
     float64 excuses it: ours at most F64_FACTOR times as far from it as the farther eager run.
     A gradient below FLOOR of its step's whole gradient norm (a bias that BatchNorm cancels: zero
-    in exact arithmetic) is measured against that floor: its value is rounding noise in eager too."""
+    in exact arithmetic) is measured against that floor: its value is rounding noise in eager too.
+    ``ties`` (tie_variants): per step, float64 gradients with one near-kink activation on its
+    other side; ours is measured against the one of those and float64's own that is nearest to
+    it over the whole step (eager against float64's own)."""
     worst = (-1.0, None)
     for step in range(len(ours)):
         floor = FLOOR * float(torch.cat([d.double().flatten() for d in f64[step]]).norm())
-        for i, (name, o, d) in enumerate(zip(names, ours[step], f64[step])):
+        flat = torch.cat([o.double().flatten() for o in ours[step]])
+        referee = min([f64[step]] + (ties[step] if ties else []),
+                      key=lambda v: float((flat - torch.cat([d.double().flatten() for d in v])).norm()))
+        for i, (name, o, d) in enumerate(zip(names, ours[step], referee)):
             err = min(rel_l2(o, e[step][i], floor) for e in eagers)
             if err > worst[0]:
-                eager_to_f64 = max(rel_l2(e[step][i], d, floor) for e in eagers)
+                eager_to_f64 = max(rel_l2(e[step][i], f64[step][i], floor) for e in eagers)
                 worst = (err, (step, name, rel_l2(o, d, floor), eager_to_f64))
     r.grad_l2, (step, name, to_f64, eager_to_f64) = worst[0], worst[1]
     r.grad_f64 = (to_f64, eager_to_f64)
@@ -298,7 +329,10 @@ def run_one(name: str) -> Result:
         names = [n for n, _ in model.named_parameters()]
         problems = [f"inference output {r.infer_err:.1e} from eager"] if r.infer_err > OUT_RTOL else []
         problems += judge_losses(losses, eager_losses, f64_losses)
-        problems += [p for p in [judge_grads(grads, eager_grads, f64_grads, names, r)] if p]
+        grad_problem = judge_grads(grads, eager_grads, f64_grads, names, r)
+        if grad_problem:   # a second opinion: activations within rounding of a kink, either side
+            grad_problem = judge_grads(grads, eager_grads, f64_grads, names, r, tie_variants(model, wide, points))
+        problems += [grad_problem] if grad_problem else []
         if problems:
             r.status, r.detail = "wrong", "; ".join(problems)
     except Exception as e:

@@ -97,8 +97,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # 23's layout contract: ops that read a layout checked against eager's strides in both
 # channels-last passes (aot/layout_readers.py), eager's draws for non-contiguous random ops, the
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
-# offsets' rebuild placed before the first reader as the graph stood 3: 16991.
-CORE_LINE_BUDGET = 17_994
+# offsets' rebuild placed before the first reader as the graph stood 3: 16991. A storage reader
+# (as_strided, as_strided_scatter) of a chain of views reads the viewed value's whole storage in
+# eager's layout (lowering/graph.py storage_view) 52: 18046.
+CORE_LINE_BUDGET = 18_046
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

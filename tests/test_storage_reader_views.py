@@ -81,3 +81,31 @@ def test_storage_reader_of_a_view_of_an_intermediate_training(program, fresh_dyn
     got = step(torch.compile(program, backend="minicompile"))
     for g, r in zip(got, ref):
         assert_matches_eager(g, r, **TOL)
+
+
+def corner_of_a_convolution(x, w):
+    """A view whose strides agree with eager's though the value it views is laid out otherwise:
+    y[:, 0, 0, 0] has stride 4 and offset 0 in NCHW and in channels-last memory, but the storage
+    as_strided reads is ordered otherwise; the channels-last passes check the owner of the storage too
+    (aot/layout_readers.py)."""
+    y = F.conv2d(x, w, padding=(0, 1))                      # (2, 2, 1, 2)
+    return torch.as_strided(y[:, 0, 0, 0], (4,), (1,), 0) * 2
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_storage_reader_of_a_view_sees_the_viewed_values_eager_layout(training, fresh_dynamo):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 1, 2, generator=g), torch.randn(2, 3, 1, 3, generator=g)
+
+    def step(fn):
+        xs, ws = x.clone().requires_grad_(training), w.clone().requires_grad_(training)
+        with torch.set_grad_enabled(training):
+            out = fn(xs, ws)
+        if training:
+            (out * torch.linspace(-1, 1, out.numel())).sum().backward()
+            return out.detach(), xs.grad, ws.grad
+        return (out,)
+
+    for got, ref in zip(step(torch.compile(corner_of_a_convolution, backend="minicompile")),
+                        step(corner_of_a_convolution)):
+        assert_matches_eager(got, ref, **TOL)

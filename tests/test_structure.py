@@ -99,8 +99,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
 # offsets' rebuild placed before the first reader as the graph stood 3: 16991. A storage reader
 # (as_strided, as_strided_scatter) of a chain of views reads the viewed value's whole storage in
-# eager's layout (lowering/graph.py storage_view) 52: 18046.
-CORE_LINE_BUDGET = 18_046
+# eager's layout (lowering/graph.py storage_view) 52: 18046; the channels-last passes check the
+# layout of the value that owns a storage reader's view (aot/layout_readers.py) 36: 18082.
+CORE_LINE_BUDGET = 18_082
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
-from minicompile.aot.layout_readers import LAYOUT_READERS
+from minicompile.aot.layout_readers import STORAGE_READERS
 from minicompile.config import config
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, size_value, symbols_of
 from minicompile.ir.graph import ExternRecord, LoopGraph
@@ -104,7 +104,7 @@ class GraphLowering:
 
     def storage_view(self, value: TensorValue, node: torch.fx.Node) -> StorageView:
         """``node``'s value with eager's strides in memory laid out as eager's storage of it, for ops
-        that address storage (layout_readers.py: as_strided's and as_strided_scatter's strides and
+        that address storage (STORAGE_READERS: as_strided's and as_strided_scatter's strides and
         offset count from the storage's start). A chain of views (slice, select, permute, unfold,
         expand, split...) is followed back to the value that owns the storage, which gets memory
         in eager's layout: realizing the last view alone gave it a storage of its own size, which
@@ -262,7 +262,7 @@ class GraphLowering:
 
     def extern(self, node, args, kwargs, reason: str, name: str | None = None):
         """Run ``node`` as an eager ATen call; tensor arguments get memory first."""
-        reads_storage = getattr(getattr(node.target, "overloadpacket", None), "__name__", "") in LAYOUT_READERS
+        reads_storage = getattr(getattr(node.target, "overloadpacket", None), "__name__", "") in STORAGE_READERS
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
             if isinstance(value, TensorValue) and reads_storage:

@@ -100,8 +100,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # offsets' rebuild placed before the first reader as the graph stood 3: 16991. A storage reader
 # (as_strided, as_strided_scatter) of a chain of views reads the viewed value's whole storage in
 # eager's layout (lowering/graph.py storage_view) 52: 18046; the channels-last passes check the
-# layout of the value that owns a storage reader's view (aot/layout_readers.py) 36: 18082.
-CORE_LINE_BUDGET = 18_082
+# layout of the value that owns a storage reader's view (aot/layout_readers.py) 36: 18082; the
+# memory an extern view reads kept out of the wrapper's reuse pool while the view lives 9: 18091.
+CORE_LINE_BUDGET = 18_091
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -2,7 +2,8 @@
 views: the wrapper keeps that memory out of its reuse pool while the view is read
 (codegen/wrapper.py ``_last_uses``). Bug-class fuzzer, layout class, seed 201339 (training): the
 sine's buffer was handed to a later kernel after its last direct reader, and the clone of
-``v4.unfold(...)`` returned that kernel's values."""
+``v4.unfold(...)`` returned that kernel's values; seed 201388: abs's backward read its sign from
+reused memory."""
 import torch
 
 from tests.helpers import assert_matches_eager
@@ -22,10 +23,16 @@ def unfold_returned(v3):  # the view itself an output: its memory is never reuse
     return v4.unfold(3, 1, 2), (v6.reshape(-1)[:6].sin() * 2).view(3, 2, 1, 1)
 
 
+def abs_of_a_channels_last_unfold(v0):  # layout seed 201388: abs's backward read reused memory
+    v5 = v0.contiguous(memory_format=torch.channels_last).unfold(2, 1, 1)
+    return (torch.abs(v5).as_strided((1, 2, 4), (1, 4, 3), 63) * 2,)
+
+
 def test_memory_of_an_extern_view_is_not_reused_while_the_view_is_read(fresh_dynamo):
-    x = torch.randn(3, 2, 1, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    for program in (unfold_then_scatters, unfold_returned):
-        def step(fn):
+    for program, shape in ((unfold_then_scatters, (3, 2, 1, 1)), (unfold_returned, (3, 2, 1, 1)),
+                           (abs_of_a_channels_last_unfold, (1, 4, 8, 9))):
+        x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        def step(fn, x=x):
             xs = x.clone().requires_grad_(True)
             outs = fn(xs)
             sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view(o.shape)).sum() for o in outs).backward()

@@ -97,8 +97,14 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # 23's layout contract: ops that read a layout checked against eager's strides in both
 # channels-last passes (aot/layout_readers.py), eager's draws for non-contiguous random ops, the
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
-# offsets' rebuild placed before the first reader as the graph stood 3: 16991.
-CORE_LINE_BUDGET = 18_048
+# offsets' rebuild placed before the first reader as the graph stood 3: 16991. A storage reader
+# (as_strided, as_strided_scatter) of a chain of views reads the viewed value's whole storage in
+# eager's layout (lowering/graph.py storage_view) 52: 18046; the channels-last passes check the
+# layout of the value that owns a storage reader's view (aot/layout_readers.py) 36: 18082; the
+# memory an extern view reads kept out of the wrapper's reuse pool while the view lives 9: 18091.
+# The GPU fixes of the bug-class fuzzer's first CUDA run (padded extern strides, aligned
+# attention bias rows, memory-order draws on CUDA) 55: 18146.
+CORE_LINE_BUDGET = 18_146
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

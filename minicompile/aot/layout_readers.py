@@ -12,18 +12,20 @@ traces a captured graph, ``LayoutCheckingInterpreter`` checks each such op's ten
 against eager's strides for them (Dynamo's ``example_value``, which our front end records too)
 and raises ``LayoutChanged`` on a difference; the pass then traces the graph in eager's layouts.
 A reader of a layout the pass did not change (as_strided of a graph input, dropout of a pooled
-vector) keeps the pass.
+vector) keeps the pass. A storage reader (STORAGE_READERS) of a view also checks the value that
+owns the view's storage: conv(x)[:, 0, 0, 0] can have eager's strides in channels-last memory.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-LAYOUT_READERS = frozenset({
-    "as_strided", "as_strided_", "as_strided_copy", "as_strided_scatter", "set_", "stride",
-    "storage_offset", "data_ptr", "untyped_storage", "storage",
+STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_copy", "as_strided_scatter", "set_",
+                             "untyped_storage", "storage"})
+LAYOUT_READERS = STORAGE_READERS | frozenset({"stride", "storage_offset", "data_ptr",
     "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "rand_like", "randn_like", "randint_like",
     "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "cauchy_", "log_normal_", "geometric_"})
 
@@ -39,13 +41,47 @@ class LayoutCheckingInterpreter(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, check: Callable[[], bool]):
         super().__init__(gm)
         self.check = check
+        # a storage reader of a view (y[:, 0, 0, 0]) reads the storage of the value it views: that
+        # value's layout is checked too, though the view's strides can agree with eager's where it differs
+        self.roots = {n: [r for a in n.all_input_nodes if (r := storage_root(a)) is not a]
+                      if _op_name(gm, n) in STORAGE_READERS else [] for n in gm.graph.nodes if _is_reader(gm, n)}
+        self.root_values: dict = {}  # kept past the interpreter's last use of them
 
     def run_node(self, n: torch.fx.Node):
-        if n.op in ("call_function", "call_method", "call_module") and _op_name(self.module, n) in LAYOUT_READERS \
-                and self.check():
+        if n in self.roots and self.check():
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             check_layouts(n, pytree.tree_leaves((n.args, n.kwargs)), pytree.tree_leaves((args, kwargs)))
-        return super().run_node(n)
+            check_layouts(n, self.roots[n], [self.root_values.get(r) for r in self.roots[n]])
+        value = super().run_node(n)
+        if any(n in roots for roots in self.roots.values()):
+            self.root_values[n] = value
+        return value
+
+
+def _is_reader(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
+    return n.op in ("call_function", "call_method", "call_module") and _op_name(gm, n) in LAYOUT_READERS
+
+
+def storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose eager value owns ``node``'s eager storage (``node`` unless it is a view)."""
+    while True:
+        value = _eager(node)
+        viewed = [a for a in node.all_input_nodes if isinstance(value, torch.Tensor) and isinstance(_eager(a), torch.Tensor)
+                  and _eager(a).dtype == value.dtype and _same_storage(_eager(a), value)]
+        if not viewed:
+            return node
+        node = viewed[0]
+
+
+def _eager(node):
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # a tensor without storage (sparse, nested)
+        return False
 
 
 def check_layouts(node: torch.fx.Node, arg_nodes: list, values: list) -> None:
@@ -53,7 +89,7 @@ def check_layouts(node: torch.fx.Node, arg_nodes: list, values: list) -> None:
     for arg, value in zip(arg_nodes, values):
         if not isinstance(value, torch.Tensor):
             continue
-        eager = arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else None
+        eager = _eager(arg)
         if not all(isinstance(s, int) for s in (*value.shape, *value.stride())):
             continue  # symbolic sizes: the layout passes decline them
         known = isinstance(eager, torch.Tensor)  # unknown: taken to differ

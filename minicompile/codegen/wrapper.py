@@ -238,6 +238,15 @@ class WrapperCode:
                 last[b.name] = max(last.get(b.name, k), k)
                 for r in step.reads:
                     last[r] = k
+        # an extern view (unfold, a split's pieces) is the memory it views: that memory stays
+        # unpooled while the view is read (a later buffer reusing it overwrote an unfold's output)
+        never = len(self.schedule.steps)  # a graph output's memory is the caller's
+        last.update({o.buffer.name: never for o in self.graph.outputs if isinstance(o, StorageView)})
+        for step in reversed(self.schedule.steps):
+            b = getattr(step, "buffer", None)
+            if isinstance(b, MultiOutput) or (isinstance(b, ExternKernel) and getattr(b.op, "is_view", False)):
+                for r in step.reads:
+                    last[r] = max(last.get(r, 0), last.get(b.name, 0))
         return last
 
 

@@ -21,8 +21,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
+from minicompile.aot.layout_readers import STORAGE_READERS
 from minicompile.config import config
-from minicompile.ir.expr import Expr, NotSymbolic, Sym, symbols_of
+from minicompile.ir.expr import Expr, NotSymbolic, Sym, size_value, symbols_of
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
                                   MultiOutput, Pointwise, ReindexView, ScalarRef, StorageView, TensorValue,
@@ -102,6 +103,33 @@ class GraphLowering:
             if lay.storage_numel() == _numel(lay.size) or (padded and _gapped(lay)):  # same strides as eager
                 return self.realize(value, lay, origins=[node.name])
         return self.realize(value, origins=[node.name])
+
+    def storage_view(self, value: TensorValue, node: torch.fx.Node) -> StorageView:
+        """``node``'s value with eager's strides in memory laid out as eager's storage of it, for ops
+        that address storage (STORAGE_READERS: as_strided's and as_strided_scatter's strides and
+        offset count from the storage's start). A chain of views (slice, select, permute, unfold,
+        expand, split...) is followed back to the value that owns the storage, which gets memory
+        in eager's layout: realizing the last view alone gave it a storage of its own size, which
+        as_strided read out of bounds. Where no buffer can hold eager's storage (a graph input's,
+        an owner eager lays out sparsely) the value is realized as before."""
+        root = _storage_root(node)
+        meta, root_meta, base = node.meta.get("val"), root.meta.get("val"), self.env.get(root)
+        if not (isinstance(meta, torch.Tensor) and isinstance(root_meta, torch.Tensor)
+                and isinstance(base, TensorValue) and shape_of(root_meta) == tuple(base.size)):
+            return self.realize_as_node(value, node)
+        if isinstance(base, StorageView) and base.is_whole() and isinstance(base.buffer, (ExternKernel, MultiOutput)):
+            offset = sym_value(meta.storage_offset()) - sym_value(root_meta.storage_offset())  # from its data_ptr
+            return StorageView(base.buffer, shape_of(meta), strides_of(meta), size_value(offset))
+        lay = Layout(shape_of(root_meta), strides_of(root_meta), 0, base.dtype, base.device)
+        if (isinstance(base, StorageView) and not _owned(base.buffer)) or sym_value(root_meta.storage_offset()) != 0 \
+                or lay.storage_numel() != _numel(lay.size):
+            return self.realize_as_node(value, node)
+        if not (isinstance(base, StorageView) and base.is_whole() and base.buffer.layout == lay):
+            stored = self.realize(base, lay, origins=[root.name])
+            if not isinstance(base, StorageView):  # its other readers share the memory
+                self.env[root] = stored
+            base = stored
+        return StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
 
     # -- the walk -----------------------------------------------------------------------
     def run(self) -> LoopGraph:
@@ -236,9 +264,12 @@ class GraphLowering:
 
     def extern(self, node, args, kwargs, reason: str, name: str | None = None):
         """Run ``node`` as an eager ATen call; tensor arguments get memory first."""
+        reads_storage = getattr(getattr(node.target, "overloadpacket", None), "__name__", "") in STORAGE_READERS
         for n in node.all_input_nodes:  # with eager's strides, shared with every later reader
             value = self.env.get(n)
-            if isinstance(value, TensorValue) and not isinstance(value, StorageView):
+            if isinstance(value, TensorValue) and reads_storage:
+                self.env[n] = self.storage_view(value, n)
+            elif isinstance(value, TensorValue) and not isinstance(value, StorageView):
                 self.env[n] = self.realize_as_node(value, n, padded=True)
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
@@ -355,6 +386,27 @@ def _view_root(value, node):
         value = value.base
         node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
     return value, node
+
+
+def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose value owns ``node``'s eager storage: back through view ops (and the getitems
+    of split/unbind) whose eager value shares its input's storage and dtype."""
+    while node.op == "call_function":
+        viewed = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if node.target is operator.getitem and viewed is not None and viewed.op == "call_function":
+            viewed, op = (viewed.args[0] if viewed.args else None), viewed.target
+        else:
+            op = node.target
+        if not (getattr(op, "is_view", False) and isinstance(viewed, torch.fx.Node) and _aliases(node, viewed)
+                and node.meta["val"].dtype == viewed.meta["val"].dtype):
+            return node
+        node = viewed
+    return node
+
+
+def _owned(buf) -> bool:
+    """The compiled code allocates ``buf`` and indexes it from its storage's start."""
+    return isinstance(buf, ComputedBuffer) and not buf.mutates
 
 
 def _views_lazy(value: ReindexView) -> bool:

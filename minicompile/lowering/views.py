@@ -204,15 +204,16 @@ def _pick(dim, k):
 
 @register_lowering(aten.as_strided.default)
 def as_strided(lw, node, x, size, stride, storage_offset=None):
-    if not isinstance(x, StorageView):
-        x = lw.realize_as_node(x, node.args[0])
+    x = lw.storage_view(x, node.args[0])  # eager's storage of x (and of the values x views)
     if isinstance(x.buffer, InputBuffer):
         # as_strided counts from the start of the storage, but kernels see an input from its
         # data_ptr: its storage offset is known only at run time
         raise Unsupported("as_strided of a graph input (its storage offset is known only at run time)")
-    offset = x.offset if storage_offset is None else storage_offset
+    # x.offset is where eager's x starts, counted from the buffer's start
+    offset = x.offset if storage_offset is None else \
+        Expr.of(x.offset) + sym_value(storage_offset) - sym_value(node.args[0].meta["val"].storage_offset())
     return StorageView(x.buffer, tuple(size_value(sym_value(s)) for s in size),
-                       tuple(size_value(sym_value(s)) for s in stride), sym_value(offset))
+                       tuple(size_value(sym_value(s)) for s in stride), size_value(offset))
 
 
 @register_lowering([aten.clone.default, aten.contiguous.default])

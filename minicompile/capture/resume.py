@@ -13,6 +13,7 @@ import builtins as _builtins
 import dis
 import itertools
 import operator
+import types
 
 from minicompile.capture.frame import PY311, PY313, code_info
 from minicompile.capture.registry import registrar
@@ -57,10 +58,10 @@ def _compare(inst, result):
     return bool(result) if PY313 and inst.arg & 16 else result   # 3.13's COMPARE_OP to bool
 
 
-# An iterator handed over at a break is read to its end up front (a ResumeIter), except
-# itertools.groupby's, whose groups share its position: read ahead, every group comes out
-# empty. (A lazy generator here read as empty under ``sum(p.sum() for p in m.parameters())``.)
-_LAZY_ITERATORS = (itertools.groupby, type(next(itertools.groupby([1]))[1]))
+# An iterator handed over at a break is read to its end up front (a ResumeIter), except a
+# generator (its body is the program's code: each item is made when the consumer asks, its
+# side effects in CPython's order) and itertools.groupby's, whose groups share its position.
+_LAZY_ITERATORS = (types.GeneratorType, itertools.groupby, type(next(itertools.groupby([1]))[1]))
 
 
 def _iter_items(v):

@@ -112,3 +112,44 @@ def f_generator_after_a_handled_error(x, n):
 
 def test_a_generator_in_a_frame_running_in_python_is_stepped_lazily():
     check(f_generator_after_a_handled_error, lambda call: (data(call), call))
+
+
+def f_genexpr_in_a_for_loop(x):
+    out = []
+    for v in (LOG.append(("gen", i)) or x * i for i in range(3)):
+        LOG.append(("body", len(out)))
+        out.append(v)
+    return torch.stack(out), any(LOG.append(("any", i)) or i > 1 for i in range(5))
+
+
+def test_a_genexpr_runs_its_items_when_its_consumer_asks():
+    # the tracer ran an inlined generator expression to its end when it was called: all its
+    # ("gen", i) came before the loop body's, and any() ran it past its first true item
+    check(f_genexpr_in_a_for_loop, lambda call: (data(call),))
+    report = explain(f_genexpr_in_a_for_loop)(data(0))
+    assert report.graph_count == 1 and report.break_count == 0 and not report.fallbacks, report
+
+
+def f_genexpr_live_across_a_break(x):
+    pending = (LOG.append(("gen", i)) or x * i for i in range(3))
+    first = next(pending)
+    print(end="")   # a break with the generator expression half-way
+    out = [first]
+    for v in pending:
+        print(end="")
+        LOG.append(("body", len(out)))
+        out.append(v)
+    return torch.stack(out)
+
+
+def f_returns_a_genexpr(x):
+    return (x + i for i in range(2))
+
+
+def test_a_genexpr_live_across_a_break_is_called_in_python():
+    # it existed only in the tracer: the graph could not be split there (the whole function
+    # fell back); now the segment is traced again with the generator expression called natively
+    check(f_genexpr_live_across_a_break, lambda call: (data(call),))
+    assert not explain(f_genexpr_live_across_a_break)(data(0)).fallbacks
+    got = capture_compile(f_returns_a_genexpr)(data(0))   # was a ResumeIter of its items
+    assert type(got).__name__ == "generator" and torch.equal(list(got)[1], data(0) + 1)

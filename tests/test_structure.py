@@ -98,7 +98,7 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # channels-last passes (aot/layout_readers.py), eager's draws for non-contiguous random ops, the
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
 # offsets' rebuild placed before the first reader as the graph stood 3: 16991.
-CORE_LINE_BUDGET = 18_018
+CORE_LINE_BUDGET = 18_054
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -5,6 +5,8 @@ inlines and consumes inside the graph is still captured. Each case runs in CPyth
 several calls, new data each call."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -153,3 +155,46 @@ def test_a_genexpr_live_across_a_break_is_called_in_python():
     assert not explain(f_genexpr_live_across_a_break)(data(0)).fallbacks
     got = capture_compile(f_returns_a_genexpr)(data(0))   # was a ResumeIter of its items
     assert type(got).__name__ == "generator" and torch.equal(list(got)[1], data(0) + 1)
+
+
+class Countdown:
+    """An iterator class in Python, logging each step."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            raise StopIteration
+        self.n -= 1
+        LOG.append(("countdown", self.n))
+        return self.n
+
+
+def numbers(m):
+    for i in range(m):
+        LOG.append(("gen", i))
+        yield i
+
+
+def f_iterators_over_program_code_after_a_handled_error(x):
+    try:
+        [][1]
+    except IndexError:   # from here the frame runs in Python: each for's GET_ITER is a native step
+        pass
+    for a, b in zip("abc", numbers(3)):
+        LOG.append(("zip", a, b))
+    for v in map(lambda i: LOG.append(("map", i)) or i, [1, 2]):
+        LOG.append(("body", v))
+    for v in Countdown(2):
+        LOG.append(("body", v))
+    return x + 1, [p for p in itertools.pairwise([1, 2, 3])], list(itertools.accumulate([1, 2, 3]))
+
+
+def test_an_iterator_that_runs_program_code_is_not_read_ahead_at_a_break():
+    # zip over a generator, map over a lambda and an iterator class were read to their end at
+    # the for's GET_ITER, running their code before the loop bodies'
+    check(f_iterators_over_program_code_after_a_handled_error, lambda call: (data(call),))

@@ -103,8 +103,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # layout of the value that owns a storage reader's view (aot/layout_readers.py) 36: 18082; the
 # memory an extern view reads kept out of the wrapper's reuse pool while the view lives 9: 18091.
 # The GPU fixes of the bug-class fuzzer's first CUDA run (padded extern strides, aligned
-# attention bias rows, memory-order draws on CUDA) 55: 18146.
-CORE_LINE_BUDGET = 18_146
+# attention bias rows, memory-order draws on CUDA) 55: 18146. Our front end: generators live across
+# a break stepped lazily in Python, inputs read before side effects replay, pairwise modelled 61.
+CORE_LINE_BUDGET = 18_207
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

@@ -120,6 +120,15 @@ def _lazy(columns: list, make):
     return LazyIter(produce)
 
 
+@builtin(itertools.pairwise)
+def _pairwise(tracer: Tracer, args, kwargs):
+    """Its pairs computed now (read ahead at a break, Python could not look inside it)."""
+    if kwargs or len(args) != 1 or unfinished(args[0]):
+        raise GraphBreak("itertools.pairwise over an unfinished generator")
+    items = semantics.iterate(tracer, args[0])
+    return SymIter(list(zip(items, items[1:])))
+
+
 @builtin(builtins.enumerate)
 def _enumerate(tracer: Tracer, args, kwargs):
     start = args[1] if len(args) > 1 else kwargs.get("start", 0)

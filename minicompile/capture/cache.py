@@ -68,7 +68,12 @@ class CaptureContext:
         return w
 
     def native_callable(self, fn):
-        """What a graph break calls: user Python functions go through their own cache."""
+        """What a graph break calls: user Python functions go through their own cache, except
+        generator functions and generator expressions: calling one runs nothing, and the real
+        generator it returns runs lazily in Python, each item when its consumer asks for it."""
+        func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+        if isinstance(func, types.FunctionType) and func.__code__.co_flags & inspect.CO_GENERATOR:
+            return fn
         if isinstance(fn, types.FunctionType) and not _is_library(fn):
             return self.wrapper_for(fn)
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \

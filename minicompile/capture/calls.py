@@ -528,8 +528,9 @@ def inline(tracer: Tracer, fn, args: list, kwargs: dict):
     cells = dict(zip(code.co_freevars, closure))
     frame = Frame(tracer, code, globals_, bound, cells, depth)
     if is_generator(code):
-        if code in BROKEN_GENERATORS:
-            raise GraphBreak(f"generator function {name}() breaks when inlined (it runs in Python)")
+        if code in BROKEN_GENERATORS or code in tracer.forced_breaks:
+            raise GraphBreak(tracer.forced_breaks.get(code) or f"generator function {name}() breaks when inlined "
+                                                               "(it runs in Python)")
         return generator(frame, cleanup=any(i.opname == "PUSH_EXC_INFO" for i in frame.insts))
     return run_frame(frame)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 import types
 
 import torch
@@ -76,15 +77,23 @@ class Reifier:
         self.lines.append(f"{name} = {text}")
         return name
 
+    def _read(self, v, source: str) -> str:
+        """An input read from its source: a path into an argument, a global or a cell
+        (``L[1]['b']``, ``L[0].w``) is read into a temporary before any side effect is
+        replayed, so ``d.pop('b')`` returns the value, not what ``d`` holds afterwards."""
+        if _STABLE_SOURCE.fullmatch(source):
+            return source
+        return self._temp(v, source)
+
     def expr(self, v) -> str:
         if id(v) in self.memo:
             return self.memo[id(v)]
         if isinstance(v, TensorVar):
             if id(v) in self.output_index:
                 return f"o[{self.output_index[id(v)]}]"
-            return v.source
+            return self._read(v, v.source)
         if isinstance(v, OpaqueValue):
-            return v.source
+            return self._read(v, v.source)
         if isinstance(v, (torch.SymInt, torch.SymBool)):   # from int inputs and sizes: computed again from L
             return self.tracer.sym_nodes.text(v)
         if isinstance(v, torch.Size) and _holds_sym(v):
@@ -99,13 +108,14 @@ class Reifier:
             return objects.rebuild_text(self, v)
         tracked = self.tracer.tracked_by_id.get(id(v))
         if tracked is not None:
-            return tracked.source   # same object as the caller's, contents replayed already
+            return self._read(v, tracked.source)   # same object as the caller's, contents replayed already
         if type(v) is tuple and _immutable(v):   # the same object: the caller's, or the code constant
-            return self.tracer.source_of(v) or self.ns.const(v, "c")
+            src = self.tracer.source_of(v)
+            return self._read(v, src) if src else self.ns.const(v, "c")
         if type(v) is tuple:
             return "(" + "".join(self.expr(x) + ", " for x in v) + ")"
         if isinstance(v, tuple) and self.tracer.source_of(v) and _immutable(tuple(v)):
-            return self.tracer.source_of(v)
+            return self._read(v, self.tracer.source_of(v))
         if isinstance(v, tuple) and not isinstance(v, torch.Size) and (contains_symbolic(v) or _holds_sym(v)):
             cls = self.ns.const(type(v), "T")
             items = ", ".join(self.expr(x) for x in v)
@@ -175,8 +185,11 @@ class Reifier:
             raise GraphBreak("a real tensor without a source reached the output")
         src = self.tracer.source_of(v)
         if src is not None and not src.startswith("_"):
-            return src
+            return self._read(v, src)
         return self.ns.const(v)
+
+
+_STABLE_SOURCE = re.compile(r"L\[\d+\]|\w+")   # a local or a namespace constant: no effect changes it
 
 
 def _holds_sym(v, depth: int = 0) -> bool:

@@ -102,8 +102,7 @@ def frame_value_names(code: types.CodeType, offset: int) -> list:
 
 
 def _scan(code: types.CodeType, insts: list) -> str | None:
-    # A generator expression is run to completion when called (see ``is_genexpr``).
-    # A plain generator function is run lazily by a traced caller (``interpreter.generator``).
+    # A generator function or expression is run lazily by a traced caller (``interpreter.generator``).
     generator = code.co_flags & _GENERATOR_FLAGS == inspect.CO_GENERATOR
     if code.co_flags & _GENERATOR_FLAGS and not generator:
         return "coroutine or async generator function"
@@ -119,14 +118,10 @@ def _scan(code: types.CodeType, insts: list) -> str | None:
     return None
 
 
-def is_genexpr(code: types.CodeType) -> bool:
-    """Generator expressions are consumed whole by list()/tuple()/for/unpacking in nearly all
-    model code, so the tracer evaluates them eagerly into a list of items."""
-    return code.co_name == "<genexpr>" and bool(code.co_flags & inspect.CO_GENERATOR)
-
-
 def is_generator(code: types.CodeType) -> bool:
-    return bool(code.co_flags & inspect.CO_GENERATOR) and not is_genexpr(code)
+    """A generator function's or generator expression's code: traced lazily, each item when
+    its consumer asks (``interpreter.generator``), so side effects interleave as in Python."""
+    return bool(code.co_flags & inspect.CO_GENERATOR)
 
 
 def prescan(code: types.CodeType, inlined: bool = False) -> str | None:
@@ -160,7 +155,6 @@ class Frame:
         self.current = None
         self.returned = False
         self.return_value = None
-        self.yields: list | None = [] if is_genexpr(code) else None
         self.suspended: bool | None = None   # False/True in a generator function's frame
 
     def where(self) -> str:

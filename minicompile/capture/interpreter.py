@@ -186,7 +186,7 @@ HANDLERS.update({
 
 
 def _return(frame, value):
-    frame.return_value = SymIter(frame.yields) if frame.yields is not None else value
+    frame.return_value = value
     frame.returned = True
 
 
@@ -309,19 +309,17 @@ def _before_with(frame, inst):
 
 @op("RETURN_GENERATOR")
 def _return_generator(frame, inst):
-    if frame.yields is None and frame.suspended is None:
+    if frame.suspended is None:
         raise GraphBreak("generator")
     frame.push(None)  # what the POP_TOP after it discards when the generator starts
 
 
 @op("YIELD_VALUE")
 def _yield_value(frame, inst):
-    """A generator expression collects its items; a generator function's frame suspends (its
-    ip and stack stay in the Frame) and ``run_frame`` returns the item. 3.11 and 3.12 both
+    """A generator's frame suspends (its ip and stack stay in the Frame) and ``run_frame``
+    returns the item. 3.11 and 3.12 both
     follow it with RESUME, POP_TOP (which drops the sent value, None for next())."""
-    if frame.yields is not None:
-        frame.yields.append(frame.pop())
-    elif frame.suspended is False:
+    if frame.suspended is False:
         frame.return_value = frame.pop()
         frame.returned = frame.suspended = True
     else:
@@ -382,6 +380,7 @@ def generator(frame: Frame, cleanup: bool) -> LazyIter:
         return NULL
 
     gen = LazyIter(produce)
+    gen.code = frame.code
     return gen
 
 

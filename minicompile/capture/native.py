@@ -86,7 +86,7 @@ class _State:
     def __init__(self, cache, locals_: dict, cells: dict, stack: list):
         self.code, self.globals = cache.code, cache.globals
         self.locals, self.cells, self.stack = locals_, cells, stack
-        self.kw_names, self.returned, self.return_value, self.yields, self.target = (), False, None, None, None
+        self.kw_names, self.returned, self.return_value, self.target = (), False, None, None
         self.exc_info = None   # the exception a handler running here is handling
 
     @classmethod

@@ -10,9 +10,11 @@ live values. So the "resume function" is our interpreter re-entered mid-frame.
 from __future__ import annotations
 
 import builtins as _builtins
+import collections
 import dis
 import itertools
 import operator
+import types
 
 from minicompile.capture.frame import PY311, PY313, code_info
 from minicompile.capture.registry import registrar
@@ -57,14 +59,40 @@ def _compare(inst, result):
     return bool(result) if PY313 and inst.arg & 16 else result   # 3.13's COMPARE_OP to bool
 
 
-# An iterator handed over at a break is read to its end up front (a ResumeIter), except
-# itertools.groupby's, whose groups share its position: read ahead, every group comes out
-# empty. (A lazy generator here read as empty under ``sum(p.sum() for p in m.parameters())``.)
-_LAZY_ITERATORS = (itertools.groupby, type(next(itertools.groupby([1]))[1]))
+# An iterator handed over at a break is read to its end up front (a ResumeIter) when that
+# runs none of the program's code: an iterator over a builtin container, or a builtin/itertools
+# iterator (zip, map, accumulate, ...) over those with builtin functions. Any other -- a
+# generator, an iterator class in Python, map(lambda ...), zip(generator, ...) -- stays the real,
+# lazy iterator, each step a break where Python calls next(), in the program's order; so does
+# itertools.groupby, whose groups share its position.
+_EAGER_ITERATORS = {type(iter(c)) for c in ([], (), "", "\u00e9", b"", range(0), {}, {}.values(), {}.items(),
+                                             set(), collections.deque(), reversed([]))}
+_KEEP_LAZY = (itertools.groupby, type(next(itertools.groupby([1]))[1]), itertools.count, itertools.cycle,
+              itertools.repeat)   # groupby's groups share its position; the others may never end
+
+
+def _runs_no_python(v, depth: int = 0) -> bool:
+    """Reading ``v`` ahead runs none of the program's code: the iterators and functions it is
+    made of (its ``__reduce__``) are builtin, over data."""
+    if depth > 16 or isinstance(v, _KEEP_LAZY):
+        return False
+    if isinstance(v, (list, tuple)):
+        return all(_runs_no_python(x, depth + 1) for x in v)
+    if isinstance(v, types.BuiltinFunctionType) or isinstance(v, type) and v.__module__ == "builtins":
+        return True
+    if not hasattr(type(v), "__next__"):
+        return not callable(v)
+    if type(v).__module__ not in ("builtins", "itertools"):
+        return False   # a generator, an iterator class in Python
+    try:
+        parts = v.__reduce__()[1:3]
+    except Exception:   # noqa: BLE001 -- nothing to look into (itertools.pairwise): keep it lazy
+        return False
+    return _runs_no_python(parts, depth + 1)
 
 
 def _iter_items(v):
-    if isinstance(v, (ResumeIter, *_LAZY_ITERATORS)):
+    if isinstance(v, ResumeIter) or type(v) not in _EAGER_ITERATORS and not _runs_no_python(v):
         return v
     return ResumeIter(list(v))
 

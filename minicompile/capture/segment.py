@@ -96,6 +96,8 @@ def _trace(cache, offset: int, L: tuple, sizes) -> Entry:
                 forced[e.enter_offset] = forced[stop.offset]
                 continue
             except GraphBreak as e:
+                if e.retrace:
+                    continue
                 raise CannotCapture(f"graph break at {forced[stop.offset][1]} "
                                     f"({forced[stop.offset][0]}) cannot be split: {e.reason}",
                                     e.where or forced[stop.offset][1]) from None
@@ -167,7 +169,9 @@ def _collect_tensors(values, out: dict, seen: set, new_objects: dict, sym_nodes)
         elif isinstance(v, slice):
             todo.extend((v.start, v.stop, v.step))
         elif unfinished(v):
-            raise GraphBreak("a generator that is not finished outlives the graph (it exists only in the tracer)")
+            e = GraphBreak("a generator that is not finished outlives the graph (it exists only in the tracer)")
+            e.generator = v if v.code is not None and not v.managed else None
+            raise e
         elif isinstance(v, SymIter):
             todo.extend(v.remaining())
         elif isinstance(v, SymCell):
@@ -215,7 +219,13 @@ def _build_entry(cache, tracer: Tracer, offset: int, L: tuple, frame: Frame, ret
         live = [locals_, cells, list(frame.stack)]
     live += [se.value for se in tracer.side_effects] + [t.copy for t in tracer.tracked]
     found: dict = {}
-    _collect_tensors(live, found, set(), tracer.new_objects, tracer.sym_nodes)
+    try:
+        _collect_tensors(live, found, set(), tracer.new_objects, tracer.sym_nodes)
+    except GraphBreak as e:   # a traced generator outlives the graph: trace again with it called natively
+        if e.generator is not None and e.generator.code not in tracer.forced_breaks:
+            why = f"a generator from {e.generator.code.co_name}() outlives the graph unfinished (it runs in Python)"
+            tracer.forced_breaks[e.generator.code], e.retrace = why, True
+        raise
     outputs = [v for v in found.values() if v.source is None]
     graph = tracer.graph
     ops = sum(1 for n in graph.nodes if n.op in ("call_function", "call_method", "call_module"))

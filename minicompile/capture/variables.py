@@ -26,6 +26,7 @@ class GraphBreak(Exception):
         self.reason = reason
         self.where = where
         self.retrace = False   # set when tracing again avoids it (a generator now called natively)
+        self.generator = None  # the traced generator (a LazyIter) that outlives a graph, if that is why
 
 
 class MissingAttribute(GraphBreak):
@@ -105,6 +106,7 @@ class LazyIter(SymIter):
         self.produce, self.finished = produce, False
         self.managed = False   # a contextmanager's generator: always run to its end
         self.result = None     # a finished generator's return value
+        self.code = None       # a generator's code object (what to call natively instead)
 
     def _step(self) -> bool:
         if not self.finished:

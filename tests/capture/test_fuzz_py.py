@@ -149,3 +149,45 @@ def f_global_namedtuple_identity(x):
 def test_a_global_namedtuple_of_constants_keeps_its_identity():
     # id() is a break, and the namedtuple was rebuilt for it: a new object each time
     run_both(f_global_namedtuple_identity, tensor)
+
+
+Point = collections.namedtuple("Point", "a b")
+
+
+def f_replace_after_a_handled_error(x, lst):
+    try:
+        lst[len(lst)]
+    except IndexError:   # the rest of the frame runs in Python: _replace is compiled on its own
+        pass
+    p = Point(len(lst), x * 2)
+    return p._replace(b=p.b + 1), p
+
+
+def f_pop_a_tensor(x, d, lst):
+    return d.pop("b"), lst.pop(), d, lst, x + 1
+
+
+class Holder:
+    def __init__(self, t):
+        self.y = t
+
+
+def f_read_then_overwrite(x, obj, lst):
+    a, b = obj.y, lst[0]
+    obj.y = x + 1
+    obj.z = a
+    lst[0] = 5
+    return a, b
+
+
+def test_an_input_read_before_its_container_is_written_keeps_its_value():
+    # seed 100670: the entry read ``kwds['b']`` from its source after replaying ``kwds``'s
+    # emptied contents (KeyError 'b'); ``obj.z = obj.y`` got the new ``obj.y``
+    run_both(f_replace_after_a_handled_error, lambda call: (*tensor(call), [call, 2]))
+    run_both(f_pop_a_tensor, lambda call: (*tensor(call), {"a": 1, "b": tensor(call + 9)[0]}, [tensor(call + 5)[0]]))
+    compiled = capture_compile(f_read_then_overwrite)
+    for call in range(3):
+        x, y0, l0 = tensor(call)[0], tensor(call + 1)[0], tensor(call + 2)[0]
+        obj, lst = Holder(y0), [l0]
+        a, b = compiled(x, obj, lst)
+        assert a is y0 and b is l0 and obj.z is y0 and lst == [5] and torch.equal(obj.y, x + 1)

@@ -332,3 +332,28 @@ def test_slice_to_a_length_from_item(backend):
     # x[:k] for k from .item() has length min(k, n): a new symbol that only running the slice gives
     # (the bug-class fuzzer's unbacked class found it bound from the slice's own lowered view)
     run_calls(lambda x: x.reshape(-1)[:(x > 0).sum().item()] * 2, [(seeded_randn(k, 3, 5),) for k in range(3)])
+
+
+def test_two_data_dependent_sizes_checked_equal_at_run_time(backend):
+    # v1 has u0 elements (a nonzero), v2 = v1[:k] min(k, u0): another symbol. Subtracting them,
+    # torch's broadcasting checks at run time that the two are equal (_assert_scalar(Eq(u2, u0)));
+    # the kernel takes them as one size, after the wrapper's check (the unbacked fuzzer's seed
+    # 102450 raised NotSymbolic in the backend)
+    def fn(x):
+        v1 = x.flatten()[(x.flatten() > 0).nonzero()[:, 0]]
+        v2 = v1[:(v1 > 0.5).sum().item()]
+        return v2 - v1, v2 * v1.sin()
+    calls = [(torch.where(x > 0, x + 0.5, x),) for x in (seeded_randn(k, 4, 5) for k in range(3))]
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True)
+    for args in calls:
+        assert_matches_eager(compiled(*args), fn(*args))
+    assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
+    call = record.graphs[0].wrapper_source.split("def call(")[1].split("def call_profiled")[0]
+    kernels = [m.start() for m in re.finditer(r"kernel\d+_\w+\(", call)]
+    assert call.index("Eq(u") < kernels[-1]          # the check runs before the kernel that relies on it
+    unequal = torch.tensor([[0.2, 0.9, -1.0, 0.7]])    # three positives, two over 0.5
+    with pytest.raises(RuntimeError):
+        fn(unequal)
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(unequal)

@@ -59,6 +59,7 @@ class GraphLowering:
     compute_expensive_once: bool = False                # realize transcendental values read twice
     env: dict = field(default_factory=dict)
     bound: dict = field(default_factory=dict)          # symbol the graph computes -> (buffer, dim or None)
+    checked_equal: dict = field(default_factory=dict)  # size -> a size a run-time check found it equal to
     _counter: int = 0
 
     # -- naming and buffers -------------------------------------------------------------
@@ -145,6 +146,8 @@ class GraphLowering:
             return args[0][args[1]]
         if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.scalar(node, args, kwargs)
+        if node.target is torch.ops.aten._assert_scalar.default:
+            self._learn_equal(node.args[0])
         if any(isinstance(a, ScalarRef) for a in pytree.tree_leaves((args, kwargs))):
             return self.extern(node, args, kwargs, "takes a number computed at run time")
         if self._defines_a_size(node.meta.get("val")):   # x[:k.item()]: its length is min(k, n), clamped
@@ -209,6 +212,25 @@ class GraphLowering:
         name = self.new_name("scalar")
         self.extern(node, args, kwargs, "a number computed at run time", name=name)
         return ScalarRef(name)
+
+    def _learn_equal(self, cond) -> None:
+        """``_assert_scalar(a == b)``: torch checks at run time that two sizes it could not tell
+        apart (``u5`` of ``v[:k]``, ``u3`` of a nonzero, broadcast together) are equal, as does
+        Inductor's wrapper; ours runs the check before any kernel using them (scheduler's
+        ``_checks_first``), so later lowerings may take them as one."""
+        if isinstance(cond, torch.fx.Node) and cond.target is operator.eq and len(cond.args) == 2:
+            a, b = (self._root(self.env.get(x) if isinstance(x, torch.fx.Node) else x) for x in cond.args)
+            if a != b and all(isinstance(x, (int, Expr)) for x in (a, b)):
+                self.checked_equal[a] = b
+
+    def _root(self, size):
+        while isinstance(size, (int, Expr)) and size in self.checked_equal:
+            size = self.checked_equal[size]
+        return size
+
+    def same_size(self, a, b) -> bool:
+        """``a == b`` as expressions, or checked equal at run time by an earlier ``_assert_scalar``."""
+        return a == b or (bool(self.checked_equal) and self._root(a) == self._root(b))
 
     def _known_symbols(self) -> set:
         """Symbols the wrapper can read at this point: the inputs' sizes and those bound so far."""

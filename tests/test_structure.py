@@ -98,8 +98,9 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # channels-last passes (aot/layout_readers.py), eager's draws for non-contiguous random ops, the
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
 # offsets' rebuild placed before the first reader as the graph stood 3: 16991. Two data-dependent
-# sizes a run-time check found equal taken as one in broadcasts, the check scheduled first 48.
-CORE_LINE_BUDGET = 18_042
+# sizes a run-time check found equal taken as one in broadcasts, the check scheduled first 48;
+# F.pad of a size from data traced as a filled tensor and a copy (C++ specialises it) 20.
+CORE_LINE_BUDGET = 18_062
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

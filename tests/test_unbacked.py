@@ -357,3 +357,12 @@ def test_two_data_dependent_sizes_checked_equal_at_run_time(backend):
         fn(unequal)
     with pytest.raises(RuntimeError, match="Runtime assertion failed"):
         compiled(unequal)
+
+
+def test_pad_of_a_data_dependent_size(backend):
+    # torch's C++ constant_pad_nd reads sizes as ints: on a size from data it raised
+    # GuardOnDataDependentSymNode (the unbacked fuzzer's seed 102406); the trace pads it itself
+    def fn(x):
+        rows = x[x.sum(1) > 0]
+        return F.pad(torch.nonzero(x > 0).reshape(-1), [1, 2]), F.pad(rows.sin(), [2, 0, 1, 1], value=-3.0) * 2
+    run_calls(fn, [(seeded_randn(k, 5, 3),) for k in range(3)] + [(-torch.ones(5, 3),)])

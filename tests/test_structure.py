@@ -99,8 +99,10 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # backward's fallback on traced layouts, symbolic elementwise strides ~280: 16988; the pooling
 # offsets' rebuild placed before the first reader as the graph stood 3: 16991. Two data-dependent
 # sizes a run-time check found equal taken as one in broadcasts, the check scheduled first 48;
-# F.pad of a size from data traced as a filled tensor and a copy (C++ specialises it) 20.
-CORE_LINE_BUDGET = 18_062
+# F.pad of a size from data traced as a filled tensor and a copy (C++ specialises it) 20; a number
+# from data that tracing replaced checked at run time, an extern's result size checked, an
+# extern's view keeping its base alive 38.
+CORE_LINE_BUDGET = 18_100
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

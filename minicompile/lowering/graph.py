@@ -193,6 +193,8 @@ class GraphLowering:
         variable named after the symbol it defines (``u0 = _local_scalar_dense(buf1)``, for
         ``.item()``) or ``scalarN``; kernels get a symbol as a size argument."""
         val = node.meta["val"]
+        if _replaced(node):
+            return self._checked_replacement(node, args, kwargs)
         if val.node.expr.is_number:
             return _python_number(val)
         if isinstance(val, torch.SymInt) and not _data_dependent(val):
@@ -212,6 +214,21 @@ class GraphLowering:
         name = self.new_name("scalar")
         self.extern(node, args, kwargs, "a number computed at run time", name=name)
         return ScalarRef(name)
+
+    def _checked_replacement(self, node, args, kwargs):
+        """A number from data (``u0 = x.sum().item()``) that a check torch made while tracing
+        (``Eq(u0, 4)``, from broadcasting against a size 4) replaced by the value it checked: the
+        graph's nodes, that check's too, hold the replacement. The wrapper reads the number and
+        checks it is that value (torch's runtime assert), and later nodes take the value."""
+        name, cond = self.new_name("scalar"), self.new_name("scalar")
+        self.extern(node, args, kwargs, "a number from data the trace replaced", name=name)
+        value = _python_number(node.meta["val"]) if node.meta["val"].node.expr.is_number else sym_value(node.meta["val"])
+        message = f"Runtime assertion failed: {node.name} ({next(iter(node.meta['unbacked_bindings']))}) == {value}"
+        for buf_name, op, op_args in [(cond, operator.eq, (ScalarRef(name), value)),
+                                      (self.new_name(), torch.ops.aten._assert_scalar.default, (ScalarRef(cond), message))]:
+            self.externs.append(ExternRecord(node.name, _op_name(op), "a check of a number from data"))
+            self.register(ExternKernel(buf_name, None, [node.name], op=op, args=op_args, reason="a check of a number from data"))
+        return value
 
     def _learn_equal(self, cond) -> None:
         """``_assert_scalar(a == b)``: torch checks at run time that two sizes it could not tell
@@ -412,6 +429,14 @@ def _at_least(a, b) -> bool:
 def _data_dependent(val) -> bool:
     """``val`` depends on a symbol only the run knows (torch names them u0, u1, ...)."""
     return any(s.name.startswith("u") for s in val.node.expr.free_symbols)
+
+
+def _replaced(node) -> bool:
+    """``node`` reads a number from data (it binds symbol ``u0``), whose traced value is no longer
+    that symbol: a check made while tracing replaced it (``Eq(u0, 4)``: 4)."""
+    bindings = node.meta.get("unbacked_bindings") or {}
+    val = node.meta.get("val")
+    return len(bindings) == 1 and isinstance(val, torch.SymInt) and val.node.expr != next(iter(bindings))
 
 
 def _python_number(val):

@@ -76,16 +76,3 @@ def test_rrelu_of_a_transposed_value_has_eagers_strides():
     actual = compiled(x)
     torch.testing.assert_close(actual, expected)
     assert actual.stride() == expected.stride()
-
-
-@pytest.mark.xfail(reason="F.pad of a tensor sized by nonzero: compiling its trace raises "
-                          "GuardOnDataDependentSymNode (u1) under MINICOMPILE_FALLBACK=0", strict=True)
-def test_pad_of_a_data_dependent_size_compiles():
-    from tests.helpers import assert_matches_eager
-    fn = lambda x: torch.nn.functional.pad(torch.nonzero(x > 0).reshape(-1), [1, 2])  # noqa: E731
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
-        compiled = torch.compile(fn, backend="minicompile", fullgraph=True)
-        for x in (torch.tensor([1.0, -1.0, 2.0]), torch.tensor([-1.0, 3.0, 2.0])):
-            assert_matches_eager(compiled(x), fn(x))
-    torch._dynamo.reset()

@@ -332,3 +332,79 @@ def test_slice_to_a_length_from_item(backend):
     # x[:k] for k from .item() has length min(k, n): a new symbol that only running the slice gives
     # (the bug-class fuzzer's unbacked class found it bound from the slice's own lowered view)
     run_calls(lambda x: x.reshape(-1)[:(x > 0).sum().item()] * 2, [(seeded_randn(k, 3, 5),) for k in range(3)])
+
+
+def test_two_data_dependent_sizes_checked_equal_at_run_time(backend):
+    # v1 has u0 elements (a nonzero), v2 = v1[:k] min(k, u0): another symbol. Subtracting them,
+    # torch's broadcasting checks at run time that the two are equal (_assert_scalar(Eq(u2, u0)));
+    # the kernel takes them as one size, after the wrapper's check (the unbacked fuzzer's seed
+    # 102450 raised NotSymbolic in the backend)
+    def fn(x):
+        v1 = x.flatten()[(x.flatten() > 0).nonzero()[:, 0]]
+        v2 = v1[:(v1 > 0.5).sum().item()]
+        return v2 - v1, v2 * v1.sin()
+    calls = [(torch.where(x > 0, x + 0.5, x),) for x in (seeded_randn(k, 4, 5) for k in range(3))]
+    record = Recorder()
+    compiled = torch.compile(fn, backend=record, fullgraph=True)
+    for args in calls:
+        assert_matches_eager(compiled(*args), fn(*args))
+    assert len(record.graphs) == 1 and isinstance(record.graphs[0], CompiledGraph)
+    call = record.graphs[0].wrapper_source.split("def call(")[1].split("def call_profiled")[0]
+    kernels = [m.start() for m in re.finditer(r"kernel\d+_\w+\(", call)]
+    assert call.index("Eq(u") < kernels[-1]          # the check runs before the kernel that relies on it
+    unequal = torch.tensor([[0.2, 0.9, -1.0, 0.7]])    # three positives, two over 0.5
+    with pytest.raises(RuntimeError):
+        fn(unequal)
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(unequal)
+
+
+def test_pad_of_a_data_dependent_size(backend):
+    # torch's C++ constant_pad_nd reads sizes as ints: on a size from data it raised
+    # GuardOnDataDependentSymNode (the unbacked fuzzer's seed 102406); the trace pads it itself
+    def fn(x):
+        rows = x[x.sum(1) > 0]
+        return F.pad(torch.nonzero(x > 0).reshape(-1), [1, 2]), F.pad(rows.sin(), [2, 0, 1, 1], value=-3.0) * 2
+    run_calls(fn, [(seeded_randn(k, 5, 3),) for k in range(3)] + [(-torch.ones(5, 3),)])
+
+
+def test_a_slice_of_length_from_data_keeps_its_buffer_alive(backend):
+    # x[:k] runs as an extern returning a view of the reshaped copy; the wrapper reused that
+    # copy's memory for sin(x) while the view was still returned (unbacked fuzzer seeds 300118, 300167)
+    def fn(x):
+        picked = x.reshape(-1)[:(x > 0).sum().item()]
+        y = torch.sin(x)
+        return y[torch.nonzero(y.sum(-1) > 0)[:, 0]], picked
+    run_calls(fn, [(seeded_randn(k, 5, 6).t(),) for k in range(3)])
+
+
+def test_a_number_from_data_that_tracing_fixed_is_checked_at_run_time():
+    # broadcasting arange(k) against 4 elements, torch assumes k is not 1 and checks k == 4,
+    # replacing k by 4 in the trace; a k of 1 (eager broadcasts it) gave wrong values where
+    # torch.compile raises (unbacked fuzzer seed 300111)
+    def fn(x):
+        return torch.maximum(x, torch.arange((x > 0.5).sum().item()) * x.mean())
+    compiled = torch.compile(fn, backend="minicompile", fullgraph=True)
+    x = torch.tensor([0.6, 0.7, 0.9, 0.8])
+    assert_matches_eager(compiled(x), fn(x))
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(torch.tensor([0.1, 0.7, -0.3, 0.2]))
+
+
+def test_an_extern_result_of_another_size_than_traced_raises():
+    # v + masked_select(v, ...): torch assumes the selection is not of length 1 and checks it is
+    # v's length, fixing it in the trace; a selection of 1 (eager broadcasts it) was read as 8
+    # elements (unbacked fuzzer seed 300275). The wrapper checks an extern's result size
+    def fn(x):
+        return x + torch.masked_select(x, x < 0.3)
+    compiled = torch.compile(fn, backend="minicompile", fullgraph=True)
+    x = -torch.rand(8)
+    assert_matches_eager(compiled(x), fn(x))
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(torch.tensor([0.1, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1]))
+
+
+def test_expanded_rows_of_nonzero_are_copied(backend):
+    # a copy of nonzero's rows expanded: its strides hold Max(1, u0) times 2 (unbacked fuzzer seed 300180)
+    run_calls(lambda x: torch.nonzero(x > 0).unsqueeze(0).expand(2, -1, -1).clone(),
+              [(seeded_randn(k, 7, 5),) for k in range(3)])

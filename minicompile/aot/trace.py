@@ -28,7 +28,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from minicompile.aot.cpu_policy import CPU_CLAIMS
 from minicompile.aot.conv_layout import relayout_active
@@ -118,6 +118,25 @@ def _bernoulli_(self, p=0.5, *, generator=None):
     return DECOMPOSITIONS[aten.bernoulli_.float](self, p, generator=generator)
 
 
+def _pad(input, pad, mode="constant", value=None):
+    """A constant pad of a tensor with a size from data (nonzero's): a filled tensor with ``input``
+    copied into its middle. The C++ constant_pad_nd reads ``input.sizes()`` as ints, which raises
+    GuardOnDataDependentSymNode there (an input's symbolic size it specialises, as before)."""
+    sizes = list(input.shape)
+    if (mode != "constant" or not free_unbacked_symbols(sizes)
+            or not all(isinstance(p, int) and p >= 0 for p in pad) or len(pad) % 2 or len(pad) > 2 * len(sizes)):
+        return NotImplemented
+    dims = [len(sizes) - 1 - k for k in range(len(pad) // 2)]
+    for k, d in enumerate(dims):
+        sizes[d] = sizes[d] + pad[2 * k] + pad[2 * k + 1]
+    out = torch.full(sizes, 0 if value is None else value, dtype=input.dtype, device=input.device)
+    middle = out
+    for k, d in enumerate(dims):
+        middle = middle.narrow(d, pad[2 * k], input.shape[d])
+    middle.copy_(input)
+    return out
+
+
 # Calls that run as our decomposition first (NotImplemented: as written), static sizes or not.
 # Under functionalization the C++ composites of dropout and alpha dropout would run below our
 # table, and their in-place bernoulli_ becomes bernoulli.p, which draws in logical order where
@@ -125,7 +144,8 @@ def _bernoulli_(self, p=0.5, *, generator=None):
 PREDECOMPOSE = {torch.nn.functional.dropout: _dropout, torch.dropout: lambda x, p, train: _dropout(x, p, train),
                 torch.nn.functional.alpha_dropout: _alpha_dropout,
                 torch.alpha_dropout: lambda x, p, train: _alpha_dropout(x, p, train),
-                torch.Tensor.bernoulli_: _bernoulli_, aten.bernoulli_.float: _bernoulli_}
+                torch.Tensor.bernoulli_: _bernoulli_, aten.bernoulli_.float: _bernoulli_,
+                torch._C._nn.pad: _pad, torch.nn.functional.pad: _pad}
 
 
 class TracingInterpreter(LayoutCheckingInterpreter):

@@ -160,7 +160,10 @@ class WrapperCode:
             "",
             "def conform(t, size, stride):",
             "    \"\"\"An extern's result in the layout the kernels index it with (a copy if eager chose another);",
-            "    None where the op left an optional output undefined (cuDNN attention's logsumexp without grad).\"\"\"",
+            "    None where the op left an optional output undefined (cuDNN attention's logsumexp without grad).",
+            "    A size other than the compiled one (a size from data that a check made while tracing fixed) raises.\"\"\"",
+            "    if t is not None and t.shape != size:",
+            "        raise RuntimeError(f'Runtime assertion failed: an extern returned size {tuple(t.shape)}, compiled for {size}')",
             "    if t is None or t.stride() == stride or all(a == b or n == 1 for a, b, n in zip(t.stride(), stride, size)):",
             "        return t",
             "    return empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)",
@@ -227,7 +230,7 @@ class WrapperCode:
     def _last_uses(self) -> dict:
         """Buffer name -> the step after which nothing reads it (a group's buffers: its last
         kernel's step, where the group is called)."""
-        last = {}
+        last, views = {}, []
         for k, step in enumerate(self.schedule.steps):
             if isinstance(step, FusedKernel):
                 call = self._call_name(step)
@@ -238,15 +241,16 @@ class WrapperCode:
                 last[b.name] = max(last.get(b.name, k), k)
                 for r in step.reads:
                     last[r] = k
-        # an extern view (unfold, a split's pieces) is the memory it views: that memory stays
-        # unpooled while the view is read (a later buffer reusing it overwrote an unfold's output)
-        never = len(self.schedule.steps)  # a graph output's memory is the caller's
-        last.update({o.buffer.name: never for o in self.graph.outputs if isinstance(o, StorageView)})
-        for step in reversed(self.schedule.steps):
-            b = getattr(step, "buffer", None)
-            if isinstance(b, MultiOutput) or (isinstance(b, ExternKernel) and getattr(b.op, "is_view", False)):
-                for r in step.reads:
-                    last[r] = max(last.get(r, 0), last.get(b.name, 0))
+                op = b.parent.op if isinstance(b, MultiOutput) else b.op
+                if isinstance(b, MultiOutput) or (isinstance(op, torch._ops.OpOverload) and op.is_view):
+                    views.append((b.name, step.reads))
+        # an extern's view (x[:k] of a length from data) keeps what it views alive: as long as
+        # it is read, and for good where it is returned
+        outputs = {o.buffer.name for o in self.graph.outputs if isinstance(o, StorageView)}
+        for name, bases in reversed(views):
+            until = len(self.schedule.steps) if name in outputs else last.get(name, 0)
+            for r in bases:
+                last[r] = max(last.get(r, 0), until)
         return last
 
 

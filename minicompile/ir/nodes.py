@@ -66,7 +66,7 @@ def _from_sympy(e, stride: bool = False, shape_env=None):
         return Expr.of(Sym(e.name))
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
         return prod([_from_sympy(e.base, shape_env=shape_env)] * int(e.exp))
-    parts = [_from_sympy(a, shape_env=shape_env) for a in e.args]
+    parts = [_from_sympy(a, stride and e.is_Mul, shape_env) for a in e.args]   # 2*Max(1, u0): a stride too
     if (type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0
             and Expr.of(parts[0]).range()[0] >= 0 and _nonnegative(e.args[0], shape_env)):
         return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3

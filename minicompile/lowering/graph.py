@@ -60,6 +60,7 @@ class GraphLowering:
     compute_expensive_once: bool = False                # realize transcendental values read twice
     env: dict = field(default_factory=dict)
     bound: dict = field(default_factory=dict)          # symbol the graph computes -> (buffer, dim or None)
+    checked_equal: dict = field(default_factory=dict)  # size -> a size a run-time check found it equal to
     _counter: int = 0
 
     # -- naming and buffers -------------------------------------------------------------
@@ -175,6 +176,8 @@ class GraphLowering:
             return args[0][args[1]]
         if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.scalar(node, args, kwargs)
+        if node.target is torch.ops.aten._assert_scalar.default:
+            self._learn_equal(node.args[0])
         if any(isinstance(a, ScalarRef) for a in pytree.tree_leaves((args, kwargs))):
             return self.extern(node, args, kwargs, "takes a number computed at run time")
         if self._defines_a_size(node.meta.get("val")):   # x[:k.item()]: its length is min(k, n), clamped
@@ -220,6 +223,8 @@ class GraphLowering:
         variable named after the symbol it defines (``u0 = _local_scalar_dense(buf1)``, for
         ``.item()``) or ``scalarN``; kernels get a symbol as a size argument."""
         val = node.meta["val"]
+        if _replaced(node):
+            return self._checked_replacement(node, args, kwargs)
         if val.node.expr.is_number:
             return _python_number(val)
         if isinstance(val, torch.SymInt) and not _data_dependent(val):
@@ -239,6 +244,40 @@ class GraphLowering:
         name = self.new_name("scalar")
         self.extern(node, args, kwargs, "a number computed at run time", name=name)
         return ScalarRef(name)
+
+    def _checked_replacement(self, node, args, kwargs):
+        """A number from data (``u0 = x.sum().item()``) that a check torch made while tracing
+        (``Eq(u0, 4)``, from broadcasting against a size 4) replaced by the value it checked: the
+        graph's nodes, that check's too, hold the replacement. The wrapper reads the number and
+        checks it is that value (torch's runtime assert), and later nodes take the value."""
+        name, cond = self.new_name("scalar"), self.new_name("scalar")
+        self.extern(node, args, kwargs, "a number from data the trace replaced", name=name)
+        value = _python_number(node.meta["val"]) if node.meta["val"].node.expr.is_number else sym_value(node.meta["val"])
+        message = f"Runtime assertion failed: {node.name} ({next(iter(node.meta['unbacked_bindings']))}) == {value}"
+        for buf_name, op, op_args in [(cond, operator.eq, (ScalarRef(name), value)),
+                                      (self.new_name(), torch.ops.aten._assert_scalar.default, (ScalarRef(cond), message))]:
+            self.externs.append(ExternRecord(node.name, _op_name(op), "a check of a number from data"))
+            self.register(ExternKernel(buf_name, None, [node.name], op=op, args=op_args, reason="a check of a number from data"))
+        return value
+
+    def _learn_equal(self, cond) -> None:
+        """``_assert_scalar(a == b)``: torch checks at run time that two sizes it could not tell
+        apart (``u5`` of ``v[:k]``, ``u3`` of a nonzero, broadcast together) are equal, as does
+        Inductor's wrapper; ours runs the check before any kernel using them (scheduler's
+        ``_checks_first``), so later lowerings may take them as one."""
+        if isinstance(cond, torch.fx.Node) and cond.target is operator.eq and len(cond.args) == 2:
+            a, b = (self._root(self.env.get(x) if isinstance(x, torch.fx.Node) else x) for x in cond.args)
+            if a != b and all(isinstance(x, (int, Expr)) for x in (a, b)):
+                self.checked_equal[a] = b
+
+    def _root(self, size):
+        while isinstance(size, (int, Expr)) and size in self.checked_equal:
+            size = self.checked_equal[size]
+        return size
+
+    def same_size(self, a, b) -> bool:
+        """``a == b`` as expressions, or checked equal at run time by an earlier ``_assert_scalar``."""
+        return a == b or (bool(self.checked_equal) and self._root(a) == self._root(b))
 
     def _known_symbols(self) -> set:
         """Symbols the wrapper can read at this point: the inputs' sizes and those bound so far."""
@@ -444,6 +483,14 @@ def _at_least(a, b) -> bool:
 def _data_dependent(val) -> bool:
     """``val`` depends on a symbol only the run knows (torch names them u0, u1, ...)."""
     return any(s.name.startswith("u") for s in val.node.expr.free_symbols)
+
+
+def _replaced(node) -> bool:
+    """``node`` reads a number from data (it binds symbol ``u0``), whose traced value is no longer
+    that symbol: a check made while tracing replaced it (``Eq(u0, 4)``: 4)."""
+    bindings = node.meta.get("unbacked_bindings") or {}
+    val = node.meta.get("val")
+    return len(bindings) == 1 and isinstance(val, torch.SymInt) and val.node.expr != next(iter(bindings))
 
 
 def _python_number(val):

@@ -30,7 +30,7 @@ def to_copy(lw, node, x, *, dtype=None, layout=None, device=None, pin_memory=Non
 
 @register_lowering(aten.copy.default)
 def copy(lw, node, dst, src, non_blocking=False):
-    load = broadcast_loader(src, tuple(dst.size))
+    load = broadcast_loader(src, tuple(dst.size), lw.same_size)
     return Lazy(dst.dtype, dst.device, tuple(dst.size),
                 lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype), [node.name])
 
@@ -244,11 +244,11 @@ def copy_(lw, node, dst, src, non_blocking=False):
     target = dst.buffer
     _realize_readers_of(lw, target, node)
     src = lw.env[node.args[1]] if isinstance(node.args[1], torch.fx.Node) else src
-    load = broadcast_loader(src, tuple(dst.size))
+    load = broadcast_loader(src, tuple(dst.size), lw.same_size)
     value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
     if _reads_elsewhere(value, target):
         value = lw.realize(src)  # read all of the old values before any is overwritten
-        load = broadcast_loader(value, tuple(dst.size))
+        load = broadcast_loader(value, tuple(dst.size), lw.same_size)
     buf = ComputedBuffer(lw.new_name(), target.layout, [node.name],
                          data=Pointwise(tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype)),
                          mutates=target.name)

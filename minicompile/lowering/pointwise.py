@@ -5,6 +5,8 @@ sub (alpha), div's rounding modes, pow and clamp are the few with a lowering of 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from minicompile.ir.expr import Expr, NotSymbolic
@@ -17,31 +19,38 @@ def out_meta(node):
     return node.meta["val"]
 
 
-def broadcast_loader(value, out_size):
-    """A loader for ``value`` read at an index of ``out_size`` (right-aligned broadcasting)."""
+def broadcast_loader(value, out_size, same=operator.eq):
+    """A loader for ``value`` read at an index of ``out_size`` (right-aligned broadcasting);
+    ``same(a, b)``: sizes known equal (``GraphLowering.same_size``, which knows run-time checks)."""
     if not isinstance(value, TensorValue):
         return None
     load, size = value.loader(), tuple(value.size)
     if size == tuple(out_size):
         return load
     lead = len(out_size) - len(size)
-    spread = broadcast_dims(size, out_size)
+    spread = broadcast_dims(size, out_size, same)
 
     def broadcast(ops, index):
         return load(ops, [0 if b else index[lead + k] for k, b in enumerate(spread)])
     return broadcast
 
 
-def broadcast_dims(size, out_size) -> list[bool]:
+def broadcast_dims(size, out_size, same=operator.eq) -> list[bool]:
     """Which dims of ``size`` (right-aligned) are broadcast to ``out_size``: those of size 1
     under a larger size. A symbolic size that is neither 1 nor the output's size (``s0 // 3``
     under ``s0``: it broadcast at the traced size because it was 1 there) cannot be told
-    apart from an equal size written differently, so it is not compiled symbolically."""
+    apart from an equal size written differently, so it is not compiled symbolically; unless
+    ``same`` knows them equal: two data-dependent sizes (``u5`` of ``v[:k]``, ``u3`` of a
+    nonzero) that the graph checks equal at run time (``_assert_scalar(Eq(u5, u3))``, which
+    torch's broadcasting adds) are equal in every run that gets past the check."""
     lead = len(out_size) - len(size)
     spread = []
     for k, s in enumerate(size):
         out = out_size[lead + k]
-        if s != out and s != 1 and not (isinstance(s, int) and isinstance(out, int)):
+        if same(s, out):
+            spread.append(False)
+            continue
+        if s != 1 and not (isinstance(s, int) and isinstance(out, int)):
             raise NotSymbolic(f"size {s} broadcast to {out}: equal or 1 depends on the sizes")
         spread.append(s == 1 and out != 1)
     return spread
@@ -62,7 +71,7 @@ def make_pointwise(op: str):
         if row.int_div and not meta.dtype.is_floating_point:
             _int_divisor_ok(args[1])
         cdtype = compute_dtype(_promote_all(node, args) if row.bool_result else meta.dtype)
-        loaders = [broadcast_loader(a, size) for a in args]
+        loaders = [broadcast_loader(a, size, lw.same_size) for a in args]
         out_dtype = compute_dtype(meta.dtype)
 
         def body(ops, index):
@@ -158,7 +167,7 @@ def _clamp(lw, node, x, lo=None, hi=None):
     meta = out_meta(node)
     size = shape_of(meta)
     cdtype = compute_dtype(meta.dtype)
-    loads = [broadcast_loader(v, size) for v in (x, lo, hi)]
+    loads = [broadcast_loader(v, size, lw.same_size) for v in (x, lo, hi)]
 
     def operand(ops, v, ld, index):
         if ld is not None:

@@ -86,7 +86,7 @@ def t(lw, node, x):
 def expand(lw, node, x, size, implicit=False):
     size = shape_of(node.meta["val"])
     lead = len(size) - len(x.size)
-    spread = broadcast_dims(tuple(x.size), size)
+    spread = broadcast_dims(tuple(x.size), size, lw.same_size)
     return make_view(x, size, lambda idx: [0 if b else idx[lead + k] for k, b in enumerate(spread)])
 
 

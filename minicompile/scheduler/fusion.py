@@ -177,8 +177,10 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
             deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
     computed = computed_numbers(graph)  # a size or number the graph computes is known once its step ran
     if computed:
+        symbols = {b.name: buffer_symbols(b) for b in buffers}
         for b in buffers:
-            deps[b.name] |= {computed[s] for s in buffer_symbols(b) if s in computed} - {b.name}
+            deps[b.name] |= {computed[s] for s in symbols[b.name] if s in computed} - {b.name}
+        _checks_first(buffers, symbols, computed, deps)
     random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
     for before, after in zip(random, random[1:]):
         deps[after].add(before)
@@ -322,6 +324,22 @@ def _shares_a_load(kernel: FusedKernel, b) -> bool:
         return True
     loads = [(r.name, r.index) for c in kernel.nodes if c is not b for r in kernel.reads(c)]
     return any((r.name, r.index) in loads for r in kernel.reads(b))
+
+
+def _checks_first(buffers, symbols, computed, deps) -> None:
+    """A run-time check on sizes the graph computes (``_assert_scalar(Eq(u5, u3))``) runs before
+    every later buffer that uses one of them: lowering took the sizes as equal there
+    (``GraphLowering.same_size``), so a kernel must not read ``u3`` elements over ``u5`` first."""
+    numbers = {b.name for b in buffers if isinstance(b, ExternKernel) and b.layout is None}
+    for k, b in enumerate(buffers):
+        if isinstance(b, ExternKernel) and b.op is torch.ops.aten._assert_scalar.default:
+            checked, todo = set(), set(symbols[b.name])
+            while todo:      # and the numbers its condition was computed from
+                checked |= todo
+                todo = {s for n in todo if computed.get(n) in numbers for s in symbols[computed[n]]} - checked
+            for later in buffers[k + 1:]:
+                if symbols[later.name] & checked:
+                    deps[later.name].add(b.name)
 
 
 def _group_order(groups, group_of, deps):

@@ -341,9 +341,7 @@ UNBACKED_CONSUMERS = ["{0}.sin() * 2 + 1", "{0}.sum()", "{0}.mean()", "torch.cat
                       "torch.cat([{0}.reshape(-1), {0}.reshape(-1) * 3])", "{0}.view(-1, 1) * 2",
                       "{0}.reshape(-1).cumsum(0)", "torch.softmax({0}.reshape(-1), 0)",
                       "{0}.unsqueeze(0).expand(2, *{0}.shape)", "{0}.float().exp()", "{0}.flip(0)",
-                      "({0} - {0}.float().mean()).abs()"]
-# Not F.pad of a nonzero-sized tensor: compiling it raises GuardOnDataDependentSymNode (an xfail in
-# tests/test_fuzz_classes.py)
+                      "({0} - {0}.float().mean()).abs()", "torch.nn.functional.pad({0}, [1, 2])"]
 
 
 def op_unbacked(rng, vals):
@@ -452,7 +450,8 @@ def _check_traced(fn, flat, train, tolerances) -> str | None:
     return mismatch(expected, actual, tolerances=tolerances)
 
 
-STATS = {"dynamo graphs": 0, "calls": 0, "calls skipped (eager rejects the data)": 0}
+STATS = {"dynamo graphs": 0, "calls": 0, "calls skipped (eager rejects the data)": 0,
+         "calls failing torch's run-time check (Dynamo's graph too)": 0}
 
 
 def _check_dynamo(fn, inputs_at, calls, train, tolerances) -> str | None:
@@ -463,6 +462,7 @@ def _check_dynamo(fn, inputs_at, calls, train, tolerances) -> str | None:
     torch._dynamo.reset()
     fn = _cloned_outputs(fn)     # inside the compiled region, as the training fuzzer does
     compiled = torch.compile(fn, backend=counting)
+    checks = []                  # calls where a run-time check torch made while tracing failed
     try:
         for k in range(calls):
             flat = inputs_at(k)
@@ -475,25 +475,50 @@ def _check_dynamo(fn, inputs_at, calls, train, tolerances) -> str | None:
             try:
                 actual = run_with_grads(compiled, training_inputs(flat) if train else flat, 0)
             except Exception as e:  # noqa: BLE001 - any compile/run error is a finding
+                if "Runtime assertion failed" in str(e):
+                    checks.append((k, _crash(e)))
+                    continue
                 return f"at call {k}: " + _crash(e)
             found = compare_training(expected, actual, random=False, tolerances=tolerances)
             if found:
                 return f"at call {k}: {found}"
+        for k, crash in checks:
+            if not _torch_check_fails(fn, inputs_at, k, train):
+                return f"at call {k}: {crash} (Dynamo's graph runs it)"
+            STATS["calls failing torch's run-time check (Dynamo's graph too)"] += 1
     finally:
         torch._dynamo.reset()
     return None
 
 
-def check_function(kind: str, fn, inputs_at, train: bool = False, mode: str = "", tolerances=None) -> str | None:
+def _torch_check_fails(fn, inputs_at, k, train) -> bool:
+    """Whether the graph Dynamo captures, run as it is (backend "eager"), raises at call ``k`` too:
+    broadcasting a size from data against a size n, torch assumes it is not 1 and checks it is n
+    when the graph runs (Inductor raises there too); data where it is 1 runs in eager. (aot_eager
+    is no judge: its trace folds the check away, and eager's ops broadcast the 1.)"""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager")
+    for j in range(k + 1):
+        flat = inputs_at(j)
+        try:
+            run_with_grads(compiled, training_inputs(flat) if train else flat, 0)
+        except RuntimeError as e:
+            if j == k:
+                return "Runtime assertion failed" in str(e)
+    return False
+
+
+def check_function(kind: str, fn, inputs_at, train: bool = False, mode: str = "", tolerances=None,
+                   calls: int = CALLS) -> str | None:
     """``fn`` (returning a tuple) of ``inputs_at(k)`` compiled as class ``kind`` compiles it; None if
-    it matches eager."""
+    it matches eager. The unbacked class calls one build at ``calls`` inputs."""
     floor = fuzz._precision_floor(inputs_at(0))
     tolerances = tolerances or fuzz._tolerances(floor)
     with patch(fallback_on_error=False, conv_layout="channels_last", cpu_attention=mode or "math"):
         if kind == "unbacked":
             with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True), \
                     torch.no_grad():
-                return _check_dynamo(fn, inputs_at, CALLS, False, tolerances)
+                return _check_dynamo(fn, inputs_at, calls, False, tolerances)
         if kind == "text" or (kind == "layout" and train):
             # layout: the check that keeps eager's layout under a storage reader looks at the
             # captured graph's nodes (aot/layout_readers.py), which a single opaque call hides
@@ -502,18 +527,34 @@ def check_function(kind: str, fn, inputs_at, train: bool = False, mode: str = ""
 
 
 def check_batch(programs: list) -> str | None:
-    """Each (training, attention form) group of ``programs`` compiled as one graph."""
+    """Each (training, attention form) group of ``programs`` compiled as one graph. An unbacked
+    program that eager rejects at another call's data (the max of an empty selection) goes to a
+    group called once: in the batch it would skip that call for all the others."""
     groups: dict = {}
     for p in programs:
-        groups.setdefault((p.kind, p.train, p.mode), []).append(p)
-    for (kind, train, mode), group in groups.items():
+        calls = CALLS if p.kind != "unbacked" or _eager_accepts(p) else 1
+        groups.setdefault((p.kind, p.train, p.mode, calls), []).append(p)
+    for (kind, train, mode, calls), group in groups.items():
         fns = [p.function() for p in group]
         counts = [len(p.inputs) for p in group]
         fn = batched_programs(fns, counts)
-        found = check_function(kind, fn, lambda k: [t for p in group for t in p.inputs_at(k)], train, mode)
+        found = check_function(kind, fn, lambda k: [t for p in group for t in p.inputs_at(k)], train, mode,
+                               calls=calls)
         if found:
             return found
     return None
+
+
+def _eager_accepts(p: ClassProgram) -> bool:
+    """Whether eager runs ``p`` at every call's inputs."""
+    fn = p.function()
+    try:
+        with torch.no_grad():
+            for k in range(CALLS):
+                fn(*p.inputs_at(k))
+        return True
+    except Exception:  # noqa: BLE001 - eager's error on other data
+        return False
 
 
 KINDS = ["layout", "random", "attention", "unbacked", "text"]

@@ -341,7 +341,10 @@ UNBACKED_CONSUMERS = ["{0}.sin() * 2 + 1", "{0}.sum()", "{0}.mean()", "torch.cat
                       "torch.cat([{0}.reshape(-1), {0}.reshape(-1) * 3])", "{0}.view(-1, 1) * 2",
                       "{0}.reshape(-1).cumsum(0)", "torch.softmax({0}.reshape(-1), 0)",
                       "{0}.unsqueeze(0).expand(2, *{0}.shape)", "{0}.float().exp()", "{0}.flip(0)",
-                      "({0} - {0}.float().mean()).abs()", "torch.nn.functional.pad({0}, [1, 2])"]
+                      "({0} - {0}.float().mean()).abs() + 0.75", "torch.nn.functional.pad({0}, [1, 2])"]
+# (+ 0.75: x - mean is zero up to rounding where x is constant or symmetric (a row of zeros plus a sum,
+# an arange's middle), and a later size (v > 0).sum() or (v > 0.5).sum() would count rounding noise,
+# different in eager's reduction and ours: unbacked seeds 300462, 301368; 0.75 is above every threshold)
 
 
 def op_unbacked(rng, vals):

@@ -163,6 +163,11 @@ def _pick(rng, items, lo=1, hi=None):
     return rng.sample(items, rng.randint(min(lo, hi), hi))
 
 
+def _appends(rng, reads, most):
+    """1 to ``most`` of ``reads``, each appended to the program's ``out`` list (what CPython and we compare)."""
+    return [f"out.append({r})" for r in _pick(rng, reads, 1, most)]
+
+
 def block_list(rng):
     lines = ['l = [acc, n, "s"]']
     ops = ["l.append(y)", 'l.insert({i}, "foo")', "l.extend([n + 1, x])", "l.pop({i})", "l.reverse()",
@@ -188,7 +193,7 @@ def block_dict(rng):
     lines = [init] + _pick(rng, ops, 2, 6)
     reads = ["list(d)", "sorted(d)", "len(d)", '"a" in d', "list(d.values())", "list(d.items())[-1]",
              'd.get("b", -1)', "[k for k in d.keys()]", "list(reversed(d))", 'd["missing"]', "next(iter(d))"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    lines += _appends(rng, reads, 3)
     return lines
 
 
@@ -200,7 +205,7 @@ def block_set(rng):
     lines += _pick(rng, ops, 1, 4)
     reads = ["sorted(s, key=str)", "len(s)", "5 in s", "s <= {0, 1, 2, 3, 4, 5, 7, 8, 9}", "s.isdisjoint({1})",
              "sorted(frozenset(s), key=str)", "sum(v for v in s if isinstance(v, int))"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    lines += _appends(rng, reads, 3)
     return lines
 
 
@@ -211,7 +216,7 @@ def block_namedtuple(rng):
     lines += _pick(rng, ops, 1, 3)
     reads = ["p[1]", "len(p)", "Point._fields", "list(p._asdict())", "p.a", "isinstance(p, tuple)", "p",
              "type(p).__name__", "tuple(p)[0]", "p == p"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    lines += _appends(rng, reads, 3)
     return lines
 
 
@@ -223,7 +228,7 @@ def block_deque(rng):
            "q.remove(5)"]
     lines += _pick(rng, ops, 2, 6)
     reads = ["list(q)", "len(q)", "q.maxlen", 'q.count("foo")', "q[-1]", "[type(v).__name__ for v in q]"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    lines += _appends(rng, reads, 3)
     return lines
 
 
@@ -235,7 +240,7 @@ def block_defaultdict(rng):
            "dd = copy.copy(dd)"]
     lines += _pick(rng, ops, 1, 4)
     reads = ["sorted(dd)", "len(dd)", "dd.default_factory is None", 'dd.get("p", -1)', "dict(dd)"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 2)]
+    lines += _appends(rng, reads, 2)
     return lines
 
 
@@ -246,7 +251,7 @@ def block_ordereddict(rng):
            'od.pop("b")']
     lines += _pick(rng, ops, 1, 4)
     reads = ["list(od)", "list(od.keys())[0]", "len(od)", "od == dict(od)", "list(od.values())[-1]"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 2)]
+    lines += _appends(rng, reads, 2)
     return lines
 
 
@@ -258,7 +263,7 @@ def block_counter(rng):
     lines += _pick(rng, ops, 1, 3)
     reads = ["c.most_common(2)", 'c["zz"]', "sorted(c.items(), key=str)", "c.total()", "sorted(c.elements(), key=str)",
              "len(c)"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 2)]
+    lines += _appends(rng, reads, 2)
     return lines
 
 
@@ -270,7 +275,7 @@ def block_numpy(rng):
     lines += _pick(rng, ops, 1, 3)
     reads = ["a", "a.shape", "float(a.sum())", "a.ndim", "bool(a.all())", "torch.from_numpy(np.ascontiguousarray(a))",
              "a.dtype.name", "int((a > 0).sum())"]
-    lines += [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    lines += _appends(rng, reads, 3)
     if rng.random() < 0.3:
         lines.append("acc = acc + torch.as_tensor(a).sum()")
     return lines
@@ -506,7 +511,7 @@ def block_dunder(rng):
     lines = [rng.choice(["bag = Bag([n, 2, 'q'])", "bag = Bag(range(n))", "bag = Bag([acc, 2])"])]
     reads = ["len(bag)", "list(bag)", "2 in bag", "bag[-1]", "bag.whatever", "bag == Bag([1, 2, 3])",
              "[v for v in bag if v != 2]", "hasattr(bag, 'anything')", "sorted(bag, key=str)"]
-    return lines + [f"out.append({r})" for r in _pick(rng, reads, 1, 3)]
+    return lines + _appends(rng, reads, 3)
 
 
 def block_numbers(rng):

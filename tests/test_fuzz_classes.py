@@ -76,3 +76,23 @@ def test_rrelu_of_a_transposed_value_has_eagers_strides():
     actual = compiled(x)
     torch.testing.assert_close(actual, expected)
     assert actual.stride() == expected.stride()
+
+
+def test_a_batch_that_fails_torchs_own_check_rechecks_each_program_alone(monkeypatch):
+    # torch's run-time check failing at a call (one program's selection of 1 where torch assumed
+    # n) leaves that call compared for none of the batch: each program is then checked alone,
+    # so a wrong value in another program of the batch is still found
+    progs = [generate_for("unbacked")(s) for s in (0, 1)]
+    seen = []
+
+    def fake_check(kind, fn, inputs_at, train, mode, calls):
+        n = len(inputs_at(0))
+        seen.append(n)
+        if n == sum(len(p.inputs) for p in progs):       # the batch: the check failed at call 1
+            fuzz_classes.UNCHECKED.append(1)
+            return None
+        return "differ" if n == len(progs[1].inputs) and len(seen) == 3 else None
+    monkeypatch.setattr(fuzz_classes, "check_function", fake_check)
+    monkeypatch.setattr(fuzz_classes, "_eager_accepts", lambda p: True)
+    assert fuzz_classes.check_batch(progs) == "differ"
+    assert len(seen) == 3

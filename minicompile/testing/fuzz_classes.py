@@ -2,25 +2,19 @@
 that broke, with the fuzzer's generator, comparison and shrinking (testing/fuzz.py)::
 
     layout     as_strided / as_strided_scatter / view / unfold over intermediates whose layout
-               our passes choose (convolutions, pads, permutes, strided slices), convolution
-               graphs run channels-last; inference and training (grads compared)
-    random     dropout, bernoulli, rand_like, ... on transposed, permuted and strided
-               intermediates: seeded alike, eager's values; inference and training
-    attention  scaled_dot_product_attention with fewer key/value heads than query heads
-               (enable_gqa, repeat_interleave, expand+reshape), bool/float/causal masks, packed
-               (B, L, H*D) projections; CPU attention choice auto/math/flash; inference, training
+               our passes choose (convolutions, pads, permutes, strided slices), channels-last
+    random     dropout, bernoulli, rand_like, ... on transposed, permuted, strided intermediates
+    attention  scaled_dot_product_attention with fewer key/value heads than query heads, masks,
+               packed (B, L, H*D) projections; CPU attention choice auto/math/flash
     unbacked   nonzero, boolean masks, masked_select and .item() sizes feeding views, cat,
-               scatter, index_add and reductions, through torch.compile with Dynamo's
-               capture_scalar_outputs / capture_dynamic_output_shape_ops; one build called with
-               three inputs that give other sizes
+               scatter and reductions (torch.compile with capture_scalar_outputs /
+               capture_dynamic_output_shape_ops); one build called at three inputs
     text       the fuzzer's programs written to a module file with backslash continuations,
-               ``*/``, ``/*``, trigraph-like ``??=``, quotes, non-ASCII and very long names and
-               lines, compiled by torch.compile (the lines reach kernel headers and the wrapper);
-               inference and training
+               ``*/``, trigraph-like ``??=``, quotes, non-ASCII, very long names and lines
 
-Inference or training, and the CPU attention form, are part of a program (from its seed), so a
-shrunk program keeps them; a batch compiles one graph per (training, form) group. Every check
-runs with ``MINICOMPILE_FALLBACK=0``: a failed compile is a finding, not a quiet eager run::
+(docs/testing.md has each class in full.) Training or not, and the attention form, come from a
+program's seed, so a shrunk program keeps them; a batch compiles one graph per (training, form)
+group. Checks run with ``MINICOMPILE_FALLBACK=0``: a failed compile is a finding::
 
     python -m minicompile.testing.fuzz_classes --class layout --seed 0 -n 2000 --batch 32
 """
@@ -433,8 +427,7 @@ def _cloned_outputs(fn):
 
 
 def _crash(e: Exception) -> str:
-    text = str(e).strip()
-    return f"crash: {type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    return f"crash: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
 
 
 def _check_traced(fn, flat, train, tolerances) -> str | None:
@@ -454,7 +447,9 @@ def _check_traced(fn, flat, train, tolerances) -> str | None:
 
 
 STATS = {"dynamo graphs": 0, "calls": 0, "calls skipped (eager rejects the data)": 0,
-         "calls failing torch's run-time check (Dynamo's graph too)": 0}
+         "calls failing torch's run-time check (Dynamo's graph too)": 0,
+         "programs rechecked alone (their batch failed torch's check)": 0}
+UNCHECKED: list = []             # calls a batch could not compare: torch's own check failed there
 
 
 def _check_dynamo(fn, inputs_at, calls, train, tolerances) -> str | None:
@@ -489,6 +484,7 @@ def _check_dynamo(fn, inputs_at, calls, train, tolerances) -> str | None:
             if not _torch_check_fails(fn, inputs_at, k, train):
                 return f"at call {k}: {crash} (Dynamo's graph runs it)"
             STATS["calls failing torch's run-time check (Dynamo's graph too)"] += 1
+            UNCHECKED.append(k)
     finally:
         torch._dynamo.reset()
     return None
@@ -538,14 +534,23 @@ def check_batch(programs: list) -> str | None:
         calls = CALLS if p.kind != "unbacked" or _eager_accepts(p) else 1
         groups.setdefault((p.kind, p.train, p.mode, calls), []).append(p)
     for (kind, train, mode, calls), group in groups.items():
-        fns = [p.function() for p in group]
-        counts = [len(p.inputs) for p in group]
-        fn = batched_programs(fns, counts)
-        found = check_function(kind, fn, lambda k: [t for p in group for t in p.inputs_at(k)], train, mode,
-                               calls=calls)
+        found = _check_group(kind, group, train, mode, calls)
         if found:
             return found
     return None
+
+
+def _check_group(kind, group, train, mode, calls) -> str | None:
+    """``group`` as one graph; where torch's own check failed at a call (one program's selection
+    of 1 where torch assumed n), none was compared there, so each program is checked alone."""
+    fn = batched_programs([p.function() for p in group], [len(p.inputs) for p in group])
+    UNCHECKED.clear()
+    found = check_function(kind, fn, lambda k: [t for p in group for t in p.inputs_at(k)], train, mode,
+                           calls=calls)
+    if found or not UNCHECKED or len(group) == 1:
+        return found
+    STATS["programs rechecked alone (their batch failed torch's check)"] += len(group)
+    return next(filter(None, (_check_group(kind, [p], train, mode, calls) for p in group)), None)
 
 
 def _eager_accepts(p: ClassProgram) -> bool:

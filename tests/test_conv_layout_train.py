@@ -136,3 +136,32 @@ def test_conv_models_train_like_eager(name, fresh_dynamo):
     (graph,) = rec.training
     convs, _ = _convolutions(graph)
     assert convs and all(_channels_last(n.args[0]) for n in convs)
+
+
+STRIDED_1X1 = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+m = nn.Conv2d(4, 12, 1, stride=2, bias=False).train()
+x = torch.randn(2, 4, 8, 8)
+grads = []
+for fn in (m, torch.compile(m, backend="minicompile")):
+    m.zero_grad()
+    xi = x.clone().requires_grad_()
+    fn(xi).sum().backward()
+    grads.append([xi.grad] + [p.grad.clone() for p in m.parameters()])
+assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(*grads))
+print("ok")
+"""
+
+
+def test_strided_1x1_convolution_trains_channels_last_without_corrupting_the_heap():
+    # convbn fuzzer seed 401019: torch's CPU convolution_backward corrupts the heap for a
+    # channels-last input of a strided 1x1 convolution's weight gradient (4 input channels,
+    # batch 2); the NCHW model trains in eager, and our channels-last pass must not crash it.
+    # A subprocess: a heap corruption aborts the interpreter.
+    import subprocess
+    import sys
+    from tests.helpers import subprocess_env
+    proc = subprocess.run([sys.executable, "-c", STRIDED_1X1], capture_output=True, text=True,
+                          env=subprocess_env(OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

@@ -33,7 +33,7 @@ from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
                                   contiguous_strides)
 from minicompile.runtime import host_pool
-from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, aligned_rows
+from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, SAFE_CALLS, aligned_rows
 from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import FusedKernel
@@ -128,7 +128,8 @@ class WrapperCode:
                         L.append(f"{self._ref(out_op)}({args}, out={b.name})  # "
                                  + comment_text(f"{out_op} into {b.name}: {b.reason}"))
                     else:
-                        L.append(f"{b.name} = {self._ref(b.op)}({args})  # {comment_text(f'{b.op}: {b.reason}')}")
+                        L.append(f"{b.name} = {self._ref(SAFE_CALLS.get(b.op, b.op))}({args})  "
+                                 f"# {comment_text(f'{b.op}: {b.reason}')}")
                         L += self._bind_sizes(b)
                         if b.layout is not None:
                             L.append(self._conform(b))

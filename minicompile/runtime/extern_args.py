@@ -5,6 +5,13 @@ multiple of 16 bytes; eager's ``scaled_dot_product_attention`` pads the bias's r
 calling it. A compiled graph may hand the kernel a compact bias (one it computed), so the wrapper
 passes the bias through ``aligned_rows``: the same tensor when already aligned, else a copy in rows
 padded as eager pads them.
+
+torch's CPU ``convolution_backward`` corrupts the heap computing the weight gradient of a 1x1
+convolution with a stride above 1 when the input is channels-last (torch 2.13: 2-7 input
+channels, a batch of 2 or more; an NCHW input never does, whatever the other layouts). Our
+channels-last training pass would turn an NCHW model that trains in eager into one that
+crashes, so the wrapper calls ``convolution_backward`` below, which hands such a call an NCHW
+input; the wrapper conforms the results to the layout the kernels read.
 """
 from __future__ import annotations
 
@@ -29,3 +36,16 @@ def aligned_rows(t, align_bytes: int = 16):
     last = t.shape[-1]
     padded = t.new_empty(*t.shape[:-1], -(-last // n) * n)[..., :last]
     return padded.copy_(t)
+
+
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, *rest):
+    """``aten.convolution_backward`` with the input of a strided 1x1 convolution's weight gradient
+    in NCHW on the CPU (see the module's docstring)."""
+    if (input.device.type == "cpu" and weight.shape[2:].numel() == 1 and any(s > 1 for s in stride)
+            and rest[-1][1] and not input.is_contiguous()):
+        input = input.contiguous()
+    return aten.convolution_backward.default(grad_output, input, weight, bias_sizes, stride, *rest)
+
+
+# op -> the function the wrapper calls in its place
+SAFE_CALLS = {aten.convolution_backward.default: convolution_backward}

@@ -12,7 +12,8 @@ from minicompile.testing import fuzz_classes
 from minicompile.testing.fuzz_classes import KINDS, check_batch, check_function, decorate, generate_for, run
 
 # (class, first seed, programs): seeds chosen in the group (training or not, attention form) shown
-SLICES = [("layout", 32, 3), ("random", 0, 4), ("attention", 160, 3), ("unbacked", 0, 3), ("text", 0, 4)]
+SLICES = [("layout", 32, 3), ("random", 0, 4), ("attention", 160, 3), ("unbacked", 0, 3), ("text", 0, 4),
+          ("convbn", 401018, 2)]
 
 
 @pytest.mark.parametrize("kind,seed,n", SLICES, ids=[s[0] for s in SLICES])
@@ -96,3 +97,20 @@ def test_a_batch_that_fails_torchs_own_check_rechecks_each_program_alone(monkeyp
     monkeypatch.setattr(fuzz_classes, "_eager_accepts", lambda p: True)
     assert fuzz_classes.check_batch(progs) == "differ"
     assert len(seen) == 3
+
+
+def test_convbn_programs_cover_the_strided_1x1_crash_and_a_wrong_gradient_is_reported(monkeypatch):
+    from minicompile.testing import fuzz_convbn
+    assert fuzz_convbn.generate(401019).strided_1x1() and not fuzz_convbn.generate(401019).channels_last
+    assert not any(p.channels_last and p.strided_1x1() for p in map(fuzz_convbn.generate, range(400000, 400200)))
+    prog = fuzz_convbn.generate(401016)
+    real = fuzz_convbn._step
+
+    def wrong(models, run, xs, cotangents, dtype):   # the compiled run's input gradient off by 1%
+        found = real(models, run, xs, cotangents, dtype)
+        if not hasattr(run, "_orig_mod"):          # eager and float64 runs stay right
+            return found
+        return [[t * 1.01 if k == 1 else t for k, t in enumerate(ts)] for ts in found]
+    monkeypatch.setattr(fuzz_convbn, "_step", wrong)
+    found = fuzz_convbn.check([prog])
+    assert found is not None and "input grad" in found

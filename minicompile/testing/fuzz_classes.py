@@ -11,6 +11,7 @@ that broke, with the fuzzer's generator, comparison and shrinking (testing/fuzz.
                capture_dynamic_output_shape_ops); one build called at three inputs
     text       the fuzzer's programs written to a module file with backslash continuations,
                ``*/``, trigraph-like ``??=``, quotes, non-ASCII, very long names and lines
+    convbn     conv / norm / activation stacks trained channels-last, judged against float64
 
 (docs/testing.md has each class in full.) Training or not, and the attention form, come from a
 program's seed, so a shrunk program keeps them; a batch compiles one graph per (training, form)
@@ -35,7 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from minicompile.backend import minicompile_backend
 from minicompile.config import patch
 from minicompile.pipeline import compile_graph
-from minicompile.testing import fuzz
+from minicompile.testing import fuzz, fuzz_convbn
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.testing.fuzz import Input, Program, Value
 from minicompile.testing.fuzz_train import batched_programs, check_inputs, training_inputs
@@ -97,8 +98,7 @@ if __name__ == "__main__":
 
 
 def _exec(source: str):
-    ns = {"torch": torch}
-    exec(source, ns)  # noqa: S102 - our own generated program
+    exec(source, ns := {"torch": torch})  # noqa: S102 - our own generated program
     return ns["program"]
 
 
@@ -394,9 +394,9 @@ def decorate(source: str, seed: int) -> str:
 
 def generate_for(kind: str):
     def make(seed: int) -> ClassProgram:
-        train = (seed // 32) % 2 == 1 and kind != "unbacked"
         if kind == "attention":
             return generate_attention(seed)
+        train = (seed // 32) % 2 == 1 and kind != "unbacked"
         args = {"layout": dict(ops=LAYOUT_OPS, make_inputs=layout_inputs, max_steps=7),
                 "random": dict(ops=NONCONTIGUOUS_OPS, make_inputs=random_inputs, max_steps=6),
                 "unbacked": dict(ops=UNBACKED_OPS, make_inputs=unbacked_inputs, max_steps=5),
@@ -405,7 +405,7 @@ def generate_for(kind: str):
         prog = fuzz.generate(seed, **args)
         prog = ClassProgram(prog.inputs, prog.steps, prog.outputs, seed, kind=kind, train=train)
         return prog if not train or _eager_trains(prog) else replace(prog, train=False)
-    return make
+    return fuzz_convbn.generate if kind == "convbn" else make
 
 
 def _eager_trains(prog: ClassProgram) -> bool:
@@ -565,11 +565,13 @@ def _eager_accepts(p: ClassProgram) -> bool:
         return False
 
 
-KINDS = ["layout", "random", "attention", "unbacked", "text"]
+KINDS = ["layout", "random", "attention", "unbacked", "text", "convbn"]
 
 
 def run(kind: str, seed: int, n: int, batch: int = 32, repro_dir: str = "fuzz-repros", log=print) -> list:
     """Fuzz ``n`` programs of class ``kind`` from ``seed``; returns the reproducers written for failures."""
+    if kind == "convbn":         # whole models judged against float64: testing/fuzz_convbn.py
+        return fuzz_convbn.run(seed, n, batch, repro_dir, log)
     failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate_for(kind), check=check_batch)
     if kind in ("unbacked", "text"):
         log(f"[fuzz --class {kind}] " + ", ".join(f"{k}: {v}" for k, v in STATS.items()))

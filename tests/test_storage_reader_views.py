@@ -109,3 +109,20 @@ def test_storage_reader_of_a_view_sees_the_viewed_values_eager_layout(training, 
     for got, ref in zip(step(torch.compile(corner_of_a_convolution, backend="minicompile")),
                         step(corner_of_a_convolution)):
         assert_matches_eager(got, ref, **TOL)
+
+
+def test_as_strided_of_an_as_strided_scatter_result_counts_from_its_whole_storage(fresh_dynamo):
+    # layout fuzzer seed 401230: eager's as_strided_scatter copies its input's whole storage and
+    # returns its result at the input's storage offset (315 here); an as_strided of that result
+    # counts from the storage's start, 315 elements before the data the wrapper sees. It runs as
+    # an extern on the real tensor (124 of 160 values were wrong). make_fx, as the fuzzer traces:
+    # Dynamo's fake pad result has a storage of its own size, which eager's does not.
+    from tests.helpers import compile_fn
+
+    def program(x):
+        v4 = F.pad(x, [1, 0, 1, 2])
+        v8 = torch.as_strided(v4, (1,), (94,), 315)
+        v9 = torch.as_strided_scatter(v8, torch.linspace(-1, 1, 3), (3,), (1,), 486)
+        return torch.as_strided(v9, (4, 4, 5, 2), (3, 2, 3, 94), 91) + 1
+    x = torch.randn(2, 3, 7, 9, generator=torch.Generator().manual_seed(0))
+    assert_matches_eager(compile_fn(program, x, trace="fake")(x), program(x), **TOL)

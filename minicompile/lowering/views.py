@@ -8,8 +8,8 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 from __future__ import annotations
 
 from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
-from minicompile.ir.nodes import (InputBuffer, Lazy, ReindexView, StorageView, TensorValue, contiguous_strides,
-                                  is_static, prod, shape_of, sym_value)
+from minicompile.ir.nodes import (ExternKernel, InputBuffer, Lazy, MultiOutput, ReindexView, StorageView, TensorValue,
+                                  contiguous_strides, is_static, prod, shape_of, sym_value)
 from minicompile.lowering.pointwise import broadcast_dims
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
@@ -205,10 +205,12 @@ def _pick(dim, k):
 @register_lowering(aten.as_strided.default)
 def as_strided(lw, node, x, size, stride, storage_offset=None):
     x = lw.storage_view(x, node.args[0])  # eager's storage of x (and of the values x views)
-    if isinstance(x.buffer, InputBuffer):
-        # as_strided counts from the start of the storage, but kernels see an input from its
-        # data_ptr: its storage offset is known only at run time
-        raise Unsupported("as_strided of a graph input (its storage offset is known only at run time)")
+    if isinstance(x.buffer, (InputBuffer, ExternKernel, MultiOutput)):
+        # as_strided counts from the start of the storage, but kernels see a graph input or an
+        # extern's result from its data_ptr: where its storage starts is known only at run time
+        # (as_strided_scatter returns its input's whole storage, its result at the input's offset)
+        what = "a graph input" if isinstance(x.buffer, InputBuffer) else "an extern call's result"
+        raise Unsupported(f"as_strided of {what} (its storage offset is known only at run time)")
     # x.offset is where eager's x starts, counted from the buffer's start
     offset = x.offset if storage_offset is None else \
         Expr.of(x.offset) + sym_value(storage_offset) - sym_value(node.args[0].meta["val"].storage_offset())

@@ -13,7 +13,6 @@ way CPython does and returns what ``getattr_`` would for a class attribute.
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import inspect
 import types
@@ -257,9 +256,6 @@ def children(v) -> list:
     base = builtin_base(type(v))
     items = list(dict.values(v)) if base in _DICT_BASES else list(list.__iter__(v)) if base is list else []
     return items + list(v.__dict__.values())
-
-
-BUILTIN_SUPER = builtins.super
 
 
 def python_container(v) -> bool:

@@ -16,9 +16,9 @@ import itertools
 import operator
 import types
 
-from minicompile.capture.frame import PY311, PY313, code_info
+from minicompile.capture.frame import PY311, PY313, code_info, push_callable, split_call
 from minicompile.capture.registry import registrar
-from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, push_callable, split_call
+from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS
 from minicompile.capture.variables import NULL, ResumeIter
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]

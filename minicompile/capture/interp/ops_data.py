@@ -9,12 +9,12 @@ import builtins
 import dis
 import operator
 
-from minicompile.capture import objects, semantics
-from minicompile.capture.calls import call
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.frame import PY311, push_callable, split_call
-from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
+from minicompile.capture.interp.frame import PY311, push_callable, split_call
+from minicompile.capture.interp.registry import HANDLERS, op
+from minicompile.capture.interp.variables import NULL, GraphBreak, contains_symbolic
+from minicompile.capture.python import objects, semantics
+from minicompile.capture.python.calls import call
 
 BINARY = [semantics.BINARY_OPS[sym] for _, sym in dis._nb_ops]   # BINARY_OP's arg -> operator
 

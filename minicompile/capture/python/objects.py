@@ -20,7 +20,7 @@ import types
 import torch
 from torch import nn
 
-from minicompile.capture.variables import NULL, GraphBreak, MissingAttribute, SymBoundMethod, SymCell, TensorVar
+from minicompile.capture.interp.variables import NULL, GraphBreak, MissingAttribute, SymBoundMethod, SymCell, TensorVar
 
 # Builtin bases a new object may have: their C storage holds symbolic values opaquely.
 _BASES = (collections.OrderedDict, dict, list, object)

@@ -15,13 +15,13 @@ import types
 
 import torch
 
-from minicompile.capture import objects
-from minicompile.capture.guards import Namespace
-from minicompile.capture.tracer import _DELETED, Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GradModeFunction, GradRestore, GraphBreak, OpaqueValue, OpenGenContext,
-                                           ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, contains_symbolic, real_grad_ctx, unfinished)
+from minicompile.capture.entries.guards import Namespace
+from minicompile.capture.interp.tracer import _DELETED, Tracer
+from minicompile.capture.interp.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                                  GradModeFunction, GradRestore, GraphBreak, OpaqueValue, OpenGenContext,
+                                                  ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                                  TensorVar, contains_symbolic, real_grad_ctx, unfinished)
+from minicompile.capture.python import objects
 
 
 def _mkcell():

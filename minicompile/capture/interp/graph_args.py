@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from minicompile.capture import dynamic
-from minicompile.capture.variables import GraphBreak, SymCell, SymIter, TensorVar, refuse_opaque
+from minicompile.capture.interp.variables import GraphBreak, SymCell, SymIter, TensorVar, refuse_opaque
 
 
 # Constants FX writes into graph code as literals (or names it defines itself).

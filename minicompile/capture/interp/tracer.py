@@ -20,10 +20,10 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture import dynamic
-from minicompile.capture.graph_args import graph_constant, has_tensor, map_args, to_fake
-from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
-                                           ResumeIter, ScalarVar, SymBoundMethod, SymCell, SymIter, TensorMethod, TensorVar)
+from minicompile.capture.entries.guards import Guards, Namespace
+from minicompile.capture.interp.graph_args import graph_constant, has_tensor, map_args, to_fake
+from minicompile.capture.interp.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
+                                                  ResumeIter, ScalarVar, SymBoundMethod, SymCell, SymIter, TensorMethod, TensorVar)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)

@@ -21,17 +21,17 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from minicompile.capture.builtins_table import BUILTINS
-from minicompile.capture.frame import Frame, bind_arguments, is_generator, prescan
-from minicompile.capture.interpreter import BROKEN_GENERATORS, generator, run_frame
-from minicompile.capture import objects, semantics
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.semantics import is_plain
-from minicompile.capture.tracer import _DELETED, Tracer
-from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
-                                           SymFunction, refuse_opaque,
-                                           TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.interp.frame import Frame, bind_arguments, is_generator, prescan
+from minicompile.capture.interp.interpreter import BROKEN_GENERATORS, generator, run_frame
+from minicompile.capture.interp.tracer import _DELETED, Tracer
+from minicompile.capture.interp.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                                  GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
+                                                  SymFunction, refuse_opaque,
+                                                  TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.python import objects, semantics
+from minicompile.capture.python.builtins_table import BUILTINS
+from minicompile.capture.python.semantics import is_plain
 
 MAX_INLINE_DEPTH = 32
 # Classes of these modules are not user classes: calling one is not inlined as a constructor.

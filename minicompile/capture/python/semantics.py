@@ -13,12 +13,12 @@ import types
 import torch
 from torch import nn
 
-from minicompile.capture import objects
-from minicompile.capture.tracer import Tracer, is_stable_module
-from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
-                                           SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
-                                           refuse_opaque)
+from minicompile.capture.interp.tracer import Tracer, is_stable_module
+from minicompile.capture.interp.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
+                                                  SymBoundMethod, SymCell,
+                                                  SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
+                                                  refuse_opaque)
+from minicompile.capture.python import objects
 
 BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,

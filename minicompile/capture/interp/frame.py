@@ -13,8 +13,8 @@ import sys
 import types
 from dataclasses import dataclass
 
-from minicompile.capture.registry import HANDLERS
-from minicompile.capture.variables import NULL
+from minicompile.capture.interp.registry import HANDLERS
+from minicompile.capture.interp.variables import NULL
 
 PY311 = sys.version_info[:2] == (3, 11)
 PY312 = sys.version_info[:2] == (3, 12)

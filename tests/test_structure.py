@@ -34,7 +34,7 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py, config.py, ...)
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
-STAGE_BUDGETS = {"capture": 6082, "aot": 2833, "decomp": 1399, "lowering": 1622, "ir": 1228, "scheduler": 784,
+STAGE_BUDGETS = {"capture": 6078, "aot": 2833, "decomp": 1399, "lowering": 1622, "ir": 1228, "scheduler": 784,
                  "codegen": 2165, "runtime": 1244, TOP_LEVEL: 1053}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line

@@ -308,9 +308,7 @@ class Tracer:
         self.guards.type_is(source, float)
         self.ns.values["_f64"] = _f64
         real = _f64(value)
-        anchor = self.inputs[-1].var.node if self.inputs else None
-        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
-            node = self.graph.placeholder(self._placeholder_name(source))
+        node = self._placeholder(source)
         fake = self.fake_mode.from_tensor(real, static_shapes=True)
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, torch.Tensor, None)
@@ -325,9 +323,7 @@ class Tracer:
         sym = dynamic.symbolic_int(self.fake_mode, value, source)
 
         def placeholder():
-            anchor = self.inputs[-1].var.node if self.inputs else None
-            with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
-                node = self.graph.placeholder(self._placeholder_name(source))
+            node = self._placeholder(source)
             node.meta["example_value"] = sym
             self.inputs.append(GraphInput(source, TensorVar(node, sym, int, source), value))
             return node
@@ -363,11 +359,7 @@ class Tracer:
             fake = dynamic.symbolic_fake(self.fake_mode, value, dims)
         else:
             dims, fake = (), self.fake_mode.from_tensor(value, static_shapes=True)
-        # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.
-        anchor = self.inputs[-1].var.node if self.inputs else None
-        ctx = self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None)
-        with ctx:
-            node = self.graph.placeholder(self._placeholder_name(source))
+        node = self._placeholder(source)
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, type(value), source)
         self.guards.tensor(source, value, sizes=not dims)
@@ -378,6 +370,13 @@ class Tracer:
         self.tensor_by_id[id(value)] = var
         self._keep.append(value)
         return var
+
+    def _placeholder(self, source: str) -> torch.fx.Node:
+        """A graph input read from ``source``. Inputs are discovered lazily, but FX wants placeholders
+        first: it goes after the last one."""
+        anchor = self.inputs[-1].var.node if self.inputs else None
+        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+            return self.graph.placeholder(self._placeholder_name(source))
 
     def _placeholder_name(self, source: str) -> str:
         """A readable argument name, unique in the graph: two long sources can read the same once

@@ -46,8 +46,7 @@ _META_METHODS = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is
 _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
                  "data_ptr", "backward", "register_hook", "retain_grad", "requires_grad_",
                  "__repr__", "__str__", "__format__", "equal", "untyped_storage", "storage"}
-_TORCH_META_FUNCS = {torch.numel, torch.is_floating_point, torch.is_complex, torch.is_nonzero}
-_TORCH_META_FUNCS.discard(torch.is_nonzero)
+_TORCH_META_FUNCS = {torch.numel, torch.is_floating_point, torch.is_complex}
 
 _MATH_FUNCS = {v for v in vars(math).values() if callable(v)}
 _OPERATOR_FUNCS = {v for v in vars(operator).values() if callable(v)}

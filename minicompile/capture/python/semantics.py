@@ -479,9 +479,7 @@ def _function_attr(tracer: Tracer, obj, name: str):
             return obj.func
         raise GraphBreak(f"attribute {name} of a bound method")
     # a Python or builtin function, a bound method
-    if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__", "__wrapped__"):
-        return getattr(obj, name)
-    if name in ("__self__", "__func__"):
+    if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__", "__wrapped__", "__self__", "__func__"):
         return getattr(obj, name)
     d = getattr(obj, "__dict__", None)
     if isinstance(obj, types.FunctionType) and isinstance(d, dict):   # set by a decorator

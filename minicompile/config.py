@@ -118,8 +118,6 @@ class Config:
     realize_opcount_threshold: int = knob(
         "MINICOMPILE_REALIZE_OPS", 30, "a lazy value whose body has more ops is computed once into a "
         "buffer", lo=1)
-    # 4, not 8: Swin's patch-merging LayerNorm recomputed a 6-buffer window/roll/residual chain
-    # through gather indices inside its reduction (docs/models.md).
     realize_loads_threshold: int = knob(
         "MINICOMPILE_REALIZE_LOADS", 4, "a value read twice or more that loads more than this many "
         "buffers is computed once into a buffer (keeps lowering linear in the depth of residual chains)",
@@ -158,8 +156,6 @@ class Config:
         "where its convolutions, timed both ways on this machine (weight conversions counted unless "
         "weights are prepared), run faster so (remembered in the cache); `channels_last` always converts",
         choices=("auto", "channels_last"))
-    # Off by default, as Inductor's freezing: a write through ``p.data`` moves no version counter,
-    # so a prepared value would go stale silently.
     prepare_weights: bool = knob(
         "MINICOMPILE_PREPARE_WEIGHTS", False, "CPU inference: values computed from parameters and buffers "
         "alone (channels-last weights, BatchNorm folded into the convolution) are computed once per "

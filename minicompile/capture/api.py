@@ -15,9 +15,9 @@ import warnings
 
 from torch import nn
 
-from minicompile.capture.cache import CaptureContext, _module_hooks, eager_backend
-from minicompile.capture.calls import class_call
+from minicompile.capture.entries.cache import CaptureContext, _module_hooks, eager_backend
 from minicompile.capture.explain import CaptureReport
+from minicompile.capture.python.calls import class_call
 
 SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
 

@@ -338,8 +338,8 @@ class CppKernel(KernelRenderer):
         """Where scratch row ``n`` can live in an output row instead of its own array, or None.
 
         Softmax's exp row is then written straight into the output and scaled there: the
-        output's cache lines are fetched while exp computes, not in the last loop, which
-        took 4096x1024 from 1.47 to 1.09 ms. The output must be the last node that reads
+        output's cache lines are fetched while exp computes, not in the last loop
+        (docs/benchmarks.md). The output must be the last node that reads
         ``n`` (in the last loop reading it), so every read of an element, CSE'd into one
         load at the top of the loop body, comes before the store over it; of the same compute
         type; stored contiguously along the row; and not read by this kernel at all."""

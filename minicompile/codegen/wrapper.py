@@ -99,52 +99,71 @@ class WrapperCode:
         names = [p.name if isinstance(p, InputBuffer) else int_inputs.get(k, "_")
                  for k, p in enumerate(graph.placeholders)]
         sizes = [f"{sym} = {names[pos]}.size({dim})" for sym, (pos, dim) in from_inputs.items() if dim is not None]
+        self.steps = self._steps()  # per schedule step: (profiler event, lines), run one by one in testing/check.py
+        self.lines = [ln for _, lines in self.steps for ln in lines]
+        return self._module_text(names, sizes)
+
+    def _steps(self) -> list:
+        """(profiler event name or None, lines) per schedule step; after each step, the buffers
+        nobody reads any more go to the pool, for the next buffer of their size and dtype."""
         last_use = self._last_uses()
-        outputs = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
+        outputs = {o.buffer.name for o in self.graph.outputs if isinstance(o, StorageView)}
         pool: dict = {}
-        steps = []  # (profiler event name or None, the step's lines)
+        steps = []
         for step_no, step in enumerate(self.schedule.steps):
-            L = []
-            call = self._call_name(step)
-            steps.append((call if isinstance(step, FusedKernel) else _extern_event_name(step), L))
             if isinstance(step, FusedKernel):
-                for n in step.nodes:
-                    if n.name not in step.local and n.name not in step.scratch and not n.mutates:
-                        L.append(self._alloc(n, pool, outputs))
-                if call:
-                    ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
-                    L.append(f"{call}({ptrs})")
+                call = self._call_name(step)
+                steps.append((call, self._kernel_lines(step, call, pool, outputs)))
             else:
-                b = step.buffer
-                if isinstance(b, ExternKernel):
-                    texts = [self.value(a) for a in b.args]
-                    if b.op in ALIGNED_ROW_ARGS and len(texts) > ALIGNED_ROW_ARGS[b.op]:
-                        at = ALIGNED_ROW_ARGS[b.op]
-                        texts[at] = f"{self._ref(aligned_rows)}({texts[at]})"
-                    args = ", ".join(texts + [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
-                    if writes_out(b):  # into its own buffer, already in the layout kernels index
-                        out_op = OUT_VARIANTS[b.op]
-                        L.append(self._alloc(b, pool, outputs))
-                        L.append(f"{self._ref(out_op)}({args}, out={b.name})  # "
-                                 + comment_text(f"{out_op} into {b.name}: {b.reason}"))
-                    else:
-                        L.append(f"{b.name} = {self._ref(SAFE_CALLS.get(b.op, b.op))}({args})  "
-                                 f"# {comment_text(f'{b.op}: {b.reason}')}")
-                        L += self._bind_sizes(b)
-                        if b.layout is not None:
-                            L.append(self._conform(b))
-                elif isinstance(b, MultiOutput):
-                    L.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
-                    L += self._bind_sizes(b)
-                    L.append(self._conform(b))
+                steps.append((_extern_event_name(step), self._extern_lines(step.buffer, pool, outputs)))
             for name in sorted(n for n, last in last_use.items() if last == step_no):
                 buf = self._buffer(name)
                 if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
                     continue
                 if self.reuse_memory and (isinstance(buf, ComputedBuffer) or writes_out(buf)):
                     pool.setdefault(_pool_key(buf), []).append(name)
-        self.steps = steps  # per schedule step: (profiler event, lines), run one by one in testing/check.py
-        self.lines = [ln for _, lines in steps for ln in lines]
+        return steps
+
+    def _kernel_lines(self, step: FusedKernel, call: str | None, pool: dict, outputs: set) -> list:
+        """The buffers a kernel writes, allocated; the call of the kernel (or of its group)."""
+        lines = [self._alloc(n, pool, outputs) for n in step.nodes
+                 if n.name not in step.local and n.name not in step.scratch and not n.mutates]
+        if call:
+            ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
+            lines.append(f"{call}({ptrs})")
+        return lines
+
+    def _extern_lines(self, b, pool: dict, outputs: set) -> list:
+        """A library call (into its own buffer where it has an out= form), or an item of a
+        multi-output result; the sizes it defines bound, its result in the compiled layout."""
+        lines = []
+        if isinstance(b, ExternKernel):
+            texts = [self.value(a) for a in b.args]
+            if b.op in ALIGNED_ROW_ARGS and len(texts) > ALIGNED_ROW_ARGS[b.op]:
+                at = ALIGNED_ROW_ARGS[b.op]
+                texts[at] = f"{self._ref(aligned_rows)}({texts[at]})"
+            args = ", ".join(texts + [f"{k}={self.value(v)}" for k, v in b.kwargs.items()])
+            if writes_out(b):  # into its own buffer, already in the layout kernels index
+                out_op = OUT_VARIANTS[b.op]
+                lines.append(self._alloc(b, pool, outputs))
+                lines.append(f"{self._ref(out_op)}({args}, out={b.name})  # "
+                             + comment_text(f"{out_op} into {b.name}: {b.reason}"))
+            else:
+                lines.append(f"{b.name} = {self._ref(SAFE_CALLS.get(b.op, b.op))}({args})  "
+                             f"# {comment_text(f'{b.op}: {b.reason}')}")
+                lines += self._bind_sizes(b)
+                if b.layout is not None:
+                    lines.append(self._conform(b))
+        elif isinstance(b, MultiOutput):
+            lines.append(f"{b.name} = {b.parent.name}{''.join(f'[{k}]' for k in b.path)}")
+            lines += self._bind_sizes(b)
+            lines.append(self._conform(b))
+        return lines
+
+    def _module_text(self, names: list, sizes: list) -> str:
+        """The module: its helpers, then ``make`` binding the kernels and constants and defining
+        ``call`` and ``call_profiled`` over the steps."""
+        graph = self.graph
         ret = ", ".join(self.value(o) for o in graph.outputs)
         head = [
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
@@ -177,7 +196,7 @@ class WrapperCode:
         head.append("    graph_event = graph_event_name()")
         unpack = self.prologue = self._unpack(names) + sizes
         ret_line = f"return ({ret}{',' if len(graph.outputs) == 1 else ''})"
-        profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(steps) + [ret_line])
+        profiled = ["with record_function(graph_event):"] + _indent(unpack + _with_events(self.steps) + [ret_line])
         plain = ["if autograd_profiler._is_profiler_enabled:  # the one check a call pays without a profiler",
                  "    return call_profiled(args)"] + unpack + self.lines + [ret_line]
         functions = ["", "    def call(args):", *_indent(plain, 2), "",
@@ -255,11 +274,9 @@ class WrapperCode:
         return last
 
 
-# Library calls that write into a buffer the wrapper gives them, as kernels do: their results
-# come from the buffer pool and the dead-buffer reuse instead of a fresh allocation per call.
-# Fresh ones were page-faulted in again on every call once glibc had returned their memory to
-# the system (Swin: up to 1,400 faults a call, 4 ms of a 12 ms call, more once other code in the
-# process had churned the heap).
+# Library calls that write into a buffer the wrapper gives them, as kernels do: their results come
+# from the buffer pool and the dead-buffer reuse, not a fresh allocation whose pages are faulted in
+# again on every call once glibc has returned them (measured in docs/models.md).
 OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.bmm.default: torch.ops.aten.bmm.out}
 
 

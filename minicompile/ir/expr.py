@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
 
 SYM_MAX = 1 << 40  # the largest size a symbol is assumed to take (a bound for range arguments)
@@ -213,10 +213,6 @@ class Expr:
         if any(sum(isinstance(f, Var) for f in (k.factors if isinstance(k, Prod) else ())) > 1 for k in coefs):
             raise TypeError("index expressions are linear in loop variables: cannot multiply two variables")
         return Expr._make(coefs, self.const * other.const)
-
-    @property
-    def is_symbolic(self) -> bool:
-        return bool(symbols_of(self))
 
     def __floordiv__(self, d) -> "Expr":
         if isinstance(d, Expr) and not d.is_const:
@@ -554,6 +550,3 @@ def flat_index(index: list, strides) -> Expr:
 
 def make_vars(prefix: str, sizes) -> list[Var]:
     return [Var(f"{prefix}{k}", size_value(s)) for k, s in enumerate(sizes)]
-
-
-IndexFn = Callable[[list], list]

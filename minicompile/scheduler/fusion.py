@@ -48,9 +48,7 @@ class Decision:
 class Schedule:
     steps: list                        # FusedKernel | ExternStep, in execution order
     caps: BackendCaps                  # what the plan assumed the code generator can do
-    reads: dict = field(default_factory=dict)   # buffer name -> frozenset of the buffer names it reads
     decisions: list = field(default_factory=list)
-    output_names: set = field(default_factory=set)
 
     @property
     def kernels(self) -> list:
@@ -76,15 +74,20 @@ class Schedule:
         return "\n".join(lines)
 
 
+def _recorded_body(buf: ComputedBuffer) -> RecordOps:
+    """``buf``'s loop body run once on a RecordOps: what it reads, at which index, and its exprs."""
+    rec = RecordOps()
+    idx = iteration_vars(buf.data.ranges)
+    if isinstance(buf.data, Reduction):
+        buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
+    else:
+        buf.data.body(rec, idx)
+    return rec
+
+
 def buffer_reads(buf) -> frozenset:
     if isinstance(buf, ComputedBuffer):
-        rec = RecordOps()
-        idx = iteration_vars(buf.data.ranges)
-        if isinstance(buf.data, Reduction):
-            buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
-        else:
-            buf.data.body(rec, idx)
-        return frozenset(r.name for r in rec.reads)
+        return frozenset(r.name for r in _recorded_body(buf).reads)
     if isinstance(buf, MultiOutput):
         return frozenset({buf.parent.name})
     names = set()
@@ -120,14 +123,8 @@ def buffer_symbols(buf) -> set:
     if buf.layout is not None:
         exprs += [*buf.layout.size, *buf.layout.stride, buf.layout.offset]
     if isinstance(buf, ComputedBuffer):
-        rec = RecordOps()
-        idx = iteration_vars(buf.data.ranges)
-        if isinstance(buf.data, Reduction):
-            exprs += list(buf.data.reduction_ranges)
-            buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
-        else:
-            buf.data.body(rec, idx)
-        exprs += [*buf.data.ranges, *(r.index for r in rec.reads), *rec.exprs]
+        rec = _recorded_body(buf)
+        exprs += [*buf.data.reduction_ranges, *buf.data.ranges, *(r.index for r in rec.reads), *rec.exprs]
     elif isinstance(buf, ExternKernel):
         for leaf in pytree.tree_leaves((buf.args, buf.kwargs)):
             if isinstance(leaf, StorageView):
@@ -169,8 +166,26 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     """Group ``graph``'s buffers into kernels. With ``caps.row_scratch`` a per-row value read by a
     later loop of the same kernel is kept in a row-sized array instead of memory."""
     buffers = graph.buffers
-    by_name = {b.name: b for b in buffers}
     reads = {b.name: buffer_reads(b) for b in buffers}
+    deps = _dependencies(graph, reads)
+    groups, group_of, failures = _fuse(buffers, reads, deps)
+    steps = _steps(_group_order(groups, group_of, deps), graph, reads, deps, caps)
+    decisions = []
+    for b in buffers:
+        for d in sorted(deps[b.name]):
+            gp, gc = group_of[d], group_of[b.name]
+            if gp is gc:
+                decisions.append(Decision(d, b.name, True))
+            else:
+                decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
+    return Schedule(steps, caps, decisions)
+
+
+def _dependencies(graph: LoopGraph, reads: dict) -> dict:
+    """Buffer name -> the buffers that must run before it: those it reads, every earlier reader of
+    an input it writes, the step computing a size or number it uses, the previous random draw."""
+    buffers = graph.buffers
+    by_name = {b.name: b for b in buffers}
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
     for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
         if isinstance(b, ComputedBuffer) and b.mutates:
@@ -184,6 +199,13 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     random = [b.name for b in buffers if _is_random(b)]  # draw from torch's generator in eager's order
     for before, after in zip(random, random[1:]):
         deps[after].add(before)
+    return deps
+
+
+def _fuse(buffers: list, reads: dict, deps: dict) -> tuple[list, dict, dict]:
+    """(groups, buffer name -> its group, (group index, buffer name) -> why it could not join):
+    each buffer in program order joins the first candidate kernel it can, or starts its own."""
+    by_name = {b.name: b for b in buffers}
     # ancestor sets as bit masks (one bit per buffer): graph-sized sets per buffer, built and
     # intersected at machine-word speed (sets of names made this stage quadratic in time)
     bit = {b.name: 1 << k for k, b in enumerate(buffers)}
@@ -194,7 +216,6 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
             anc |= ancestors[d] | bit[d]
         ancestors[b.name] = anc
     mutated_by = {b.mutates: b.name for b in buffers if isinstance(b, ComputedBuffer) and b.mutates}
-    output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
 
     groups, group_of, failures = [], {}, {}
     readers = {}       # buffer or input name -> the groups with a member that reads it
@@ -223,13 +244,18 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
         group_of[b.name] = placed
         edges.add_node(placed.index)
         edges.add_edges_from((group_of[d].index, placed.index) for d in deps[b.name] if group_of[d] is not placed)
+    return groups, group_of, failures
 
-    order = _group_order(groups, group_of, deps)
+
+def _steps(order: list, graph: LoopGraph, reads: dict, deps: dict, caps: BackendCaps) -> list:
+    """The groups in run order as steps: an extern call, or a kernel named, its loops split where
+    the backend can, in stages, with the values only it reads kept local (or in row scratch)."""
+    output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
     readers_of = {}
-    for b in buffers:
+    for b in graph.buffers:
         for r in reads[b.name]:
             readers_of.setdefault(r, []).append(b.name)
-    steps, decisions, externs = [], [], 0
+    steps, externs = [], 0
     for g in order:
         if g.is_extern:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
@@ -240,14 +266,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
         _build_stages(kernel, deps)
         _mark_locals(kernel, readers_of, output_names, caps.row_scratch)
         steps.append(kernel)
-    for b in buffers:
-        for d in sorted(deps[b.name]):
-            gp, gc = group_of[d], group_of[b.name]
-            if gp is gc:
-                decisions.append(Decision(d, b.name, True))
-            else:
-                decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
-    return Schedule(steps, caps, reads, decisions, output_names)
+    return steps
 
 
 def _candidates(b, deps, reads, group_of, readers, single) -> list:

@@ -1,5 +1,5 @@
 """Objects made while tracing, Python attribute hooks, super(), try/with blocks and guarded
-reads of global state (capture/objects.py and the semantics that call it)."""
+reads of global state (capture/python/objects.py and the semantics that call it)."""
 from __future__ import annotations
 
 import collections

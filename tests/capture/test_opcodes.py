@@ -15,8 +15,8 @@ import torch
 
 from minicompile.capture import compile as capture_compile
 from minicompile.capture import explain as capture_explain
-from minicompile.capture.native import _REAL, _State
-from minicompile.capture.registry import HANDLERS
+from minicompile.capture.entries.native import _REAL, _State
+from minicompile.capture.interp.registry import HANDLERS
 from tests.capture import opcode_cases as cases
 from tests.capture.opcode_cases import BREAK_CASES, CASES, HELPERS, NOT_EMITTED, asserts, globals_and_imports, raises
 from tests.helpers import same

@@ -11,12 +11,12 @@ import inspect
 import types
 import weakref
 
-from minicompile.capture import semantics
-from minicompile.capture.frame import PY311, PY313, Frame
-from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GraphBreak, LazyIter, MissingAttribute,
-                                           SymBoundMethod, SymCell, SymFunction, SymIter)
+from minicompile.capture.interp.frame import PY311, PY313, Frame, push_callable
+from minicompile.capture.interp.registry import HANDLERS, op
+from minicompile.capture.interp.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                                  GraphBreak, LazyIter, MissingAttribute,
+                                                  SymBoundMethod, SymCell, SymFunction, SymIter)
+from minicompile.capture.python import semantics
 
 MAX_STEPS = 200_000   # instructions per trace before a long loop becomes a graph break
 
@@ -138,7 +138,7 @@ def cell_get(tracer, cell, name: str):
 def _load_global(frame, inst):
     value = load_global(frame, inst.argval)
     if inst.arg & 1:
-        semantics.push_callable(frame.stack, value)
+        push_callable(frame.stack, value)
     else:
         frame.push(value)
 

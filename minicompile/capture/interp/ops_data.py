@@ -9,12 +9,12 @@ import builtins
 import dis
 import operator
 
-from minicompile.capture import objects, semantics
-from minicompile.capture.calls import call
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.frame import PY311
-from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.variables import NULL, GraphBreak, contains_symbolic
+from minicompile.capture.interp.frame import PY311, push_callable, split_call
+from minicompile.capture.interp.registry import HANDLERS, op
+from minicompile.capture.interp.variables import NULL, GraphBreak, contains_symbolic
+from minicompile.capture.python import objects, semantics
+from minicompile.capture.python.calls import call
 
 BINARY = [semantics.BINARY_OPS[sym] for _, sym in dis._nb_ops]   # BINARY_OP's arg -> operator
 
@@ -173,7 +173,7 @@ def _load_attr(frame, inst):
     value = semantics.getattr_(frame.tracer, obj, inst.argval)
     frame.pop()
     if not PY311 and inst.arg & 1:  # 3.12 method form: [NULL, bound] behaves like [meth, self]
-        semantics.push_callable(frame.stack, value)
+        push_callable(frame.stack, value)
     else:
         frame.push(value)
 
@@ -187,7 +187,7 @@ def _load_super_attr(frame, inst):
     value = semantics.getattr_(frame.tracer, objects.make_super(frame.tracer, [cls, self_]), inst.argval)
     frame.popn(3)
     if inst.arg & 1:
-        semantics.push_callable(frame.stack, value)
+        push_callable(frame.stack, value)
     else:
         frame.push(value)
 
@@ -204,7 +204,7 @@ def _load_method(frame, inst):
 # ---------------------------------------------------------------------- calls
 @op("CALL")
 def _call(frame, inst):
-    fn, args, kwargs = semantics.split_call(frame.stack, inst.arg, frame.kw_names)
+    fn, args, kwargs = split_call(frame.stack, inst.arg, frame.kw_names)
     result = call(frame.tracer, fn, args, kwargs)
     frame.kw_names = ()
     frame.popn(inst.arg + 2)

@@ -21,17 +21,17 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from minicompile.capture.builtins_table import BUILTINS
-from minicompile.capture.frame import Frame, bind_arguments, is_generator, prescan
-from minicompile.capture.interpreter import BROKEN_GENERATORS, generator, run_frame
-from minicompile.capture import objects, semantics
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.semantics import is_plain
-from minicompile.capture.tracer import _DELETED, Tracer
-from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
-                                           SymFunction, refuse_opaque,
-                                           TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.interp.frame import Frame, bind_arguments, is_generator, prescan
+from minicompile.capture.interp.interpreter import BROKEN_GENERATORS, generator, run_frame
+from minicompile.capture.interp.tracer import _DELETED, Tracer
+from minicompile.capture.interp.variables import (NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                                  GradModeFunction, GraphBreak, LazyIter, OpaqueValue, SymBoundMethod,
+                                                  SymFunction, refuse_opaque,
+                                                  TensorMethod, TensorVar, contains_symbolic)
+from minicompile.capture.python import objects, semantics
+from minicompile.capture.python.builtins_table import BUILTINS
+from minicompile.capture.python.semantics import is_plain
 
 MAX_INLINE_DEPTH = 32
 # Classes of these modules are not user classes: calling one is not inlined as a constructor.
@@ -46,8 +46,7 @@ _META_METHODS = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is
 _DATA_METHODS = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
                  "data_ptr", "backward", "register_hook", "retain_grad", "requires_grad_",
                  "__repr__", "__str__", "__format__", "equal", "untyped_storage", "storage"}
-_TORCH_META_FUNCS = {torch.numel, torch.is_floating_point, torch.is_complex, torch.is_nonzero}
-_TORCH_META_FUNCS.discard(torch.is_nonzero)
+_TORCH_META_FUNCS = {torch.numel, torch.is_floating_point, torch.is_complex}
 
 _MATH_FUNCS = {v for v in vars(math).values() if callable(v)}
 _OPERATOR_FUNCS = {v for v in vars(operator).values() if callable(v)}
@@ -130,36 +129,10 @@ TORCH_SPECIAL = _torch_special()
 
 
 def call(tracer: Tracer, fn, args: list, kwargs: dict):
-    """The symbolic result of ``fn(*args, **kwargs)``."""
-    if isinstance(fn, TensorMethod):
-        return call_tensor_method(tracer, fn, args, kwargs)
-    if isinstance(fn, SymFunction):
-        return inline(tracer, fn, args, kwargs)
-    if isinstance(fn, objects.TracerCall):
-        return fn.fn(tracer, args, kwargs)
-    if isinstance(fn, SymBoundMethod):
-        if fn.self_value is os.environ and fn.func.__name__ in _ENVIRON_READS:
-            return _environ(tracer, fn.func.__name__, args)
-        return call(tracer, fn.func, [fn.self_value, *args], kwargs)
-    if isinstance(fn, GradModeCtx):   # `@torch.no_grad()` applied to a function
-        if len(args) != 1 or kwargs or not isinstance(args[0], (SymFunction, types.FunctionType)):
-            raise GraphBreak("calling a grad-mode context manager on something other than a function")
-        return GradModeFunction(args[0], fn.enabled)
-    if isinstance(fn, GradModeFunction):
-        restore = tracer.grad_enabled
-        tracer.set_grad(fn.enabled)
-        result = call(tracer, fn.func, args, kwargs)
-        tracer.set_grad(restore)
-        return result
-    if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
-        tracer.set_grad(fn.restore)
-        return None
-    if isinstance(fn, GenContextExit):
-        return _contextmanager_exit(fn, args)
-    if isinstance(fn, TensorVar):
-        raise GraphBreak("calling a tensor")
-    if isinstance(fn, OpaqueValue):
-        raise GraphBreak(f"calling {fn.source}, a method of a NumPy value (its data is not traced)")
+    """The symbolic result of ``fn(*args, **kwargs)``: a callee only the tracer has, a builtin or
+    torch special case of the tables, a torch op recorded in the graph, else Python run or inlined."""
+    if isinstance(fn, _TRACER_CALLEES):
+        return _call_tracer_value(tracer, fn, args, kwargs)
     if getattr(fn, "capture_cache", None) is not None:  # another compiled function: trace its body
         return call(tracer, fn.__wrapped__, args, kwargs)
     if type(fn).__dict__.get("is_capture_wrapper"):    # a CompiledModule: inline its module
@@ -198,6 +171,50 @@ def call(tracer: Tracer, fn, args: list, kwargs: dict):
             if isinstance(fn, types.FunctionType):   # a Python helper that computes no tensor
                 return inline(tracer, fn, args, kwargs)   # (F._none_or_dtype): its body
             return _state_query(tracer, fn, args, kwargs, e)
+    return _call_python(tracer, fn, args, kwargs)
+
+
+# Callees made by the tracer (capture.variables, capture.objects), each handled by _call_tracer_value.
+_TRACER_CALLEES = (TensorMethod, SymFunction, objects.TracerCall, SymBoundMethod, GradModeCtx, GradModeFunction,
+                   GradModeExit, GenContextExit, TensorVar, OpaqueValue)
+
+
+def _call_tracer_value(tracer: Tracer, fn, args: list, kwargs: dict):
+    """A tensor's method, a traced function or bound method, a grad-mode context or decorated
+    function, a with-block's exit; calling a tensor or a NumPy value's method is a break."""
+    if isinstance(fn, TensorMethod):
+        return call_tensor_method(tracer, fn, args, kwargs)
+    if isinstance(fn, SymFunction):
+        return inline(tracer, fn, args, kwargs)
+    if isinstance(fn, objects.TracerCall):
+        return fn.fn(tracer, args, kwargs)
+    if isinstance(fn, SymBoundMethod):
+        if fn.self_value is os.environ and fn.func.__name__ in _ENVIRON_READS:
+            return _environ(tracer, fn.func.__name__, args)
+        return call(tracer, fn.func, [fn.self_value, *args], kwargs)
+    if isinstance(fn, GradModeCtx):   # `@torch.no_grad()` applied to a function
+        if len(args) != 1 or kwargs or not isinstance(args[0], (SymFunction, types.FunctionType)):
+            raise GraphBreak("calling a grad-mode context manager on something other than a function")
+        return GradModeFunction(args[0], fn.enabled)
+    if isinstance(fn, GradModeFunction):
+        restore = tracer.grad_enabled
+        tracer.set_grad(fn.enabled)
+        result = call(tracer, fn.func, args, kwargs)
+        tracer.set_grad(restore)
+        return result
+    if isinstance(fn, GradModeExit):  # leaving `with torch.no_grad():` normally
+        tracer.set_grad(fn.restore)
+        return None
+    if isinstance(fn, GenContextExit):
+        return _contextmanager_exit(fn, args)
+    if isinstance(fn, TensorVar):
+        raise GraphBreak("calling a tensor")
+    raise GraphBreak(f"calling {fn.source}, a method of a NumPy value (its data is not traced)")   # OpaqueValue
+
+
+def _call_python(tracer: Tracer, fn, args: list, kwargs: dict):
+    """A Python function or method inlined; builtin methods of constants and containers, math
+    and operator functions, and constructors of numbers, named tuples, sizes and user classes."""
     if isinstance(fn, types.FunctionType):
         return inline(tracer, fn, args, kwargs)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):

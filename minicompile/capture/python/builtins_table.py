@@ -17,12 +17,12 @@ import operator
 import torch
 from torch import nn
 
-from minicompile.capture import objects, semantics
-from minicompile.capture.tracer import Tracer
 from minicompile.capture.dynamic import SYM_TYPES, concrete
-from minicompile.capture.variables import (NULL, GraphBreak, LazyIter, MissingAttribute, OpaqueValue, SymBoundMethod,
-                                           SymFunction, SymIter, refuse_opaque,
-                                           TensorMethod, TensorVar, contains_symbolic, unfinished)
+from minicompile.capture.interp.tracer import Tracer
+from minicompile.capture.interp.variables import (NULL, GraphBreak, LazyIter, MissingAttribute, OpaqueValue, SymBoundMethod,
+                                                  SymFunction, SymIter, refuse_opaque,
+                                                  TensorMethod, TensorVar, contains_symbolic, unfinished)
+from minicompile.capture.python import objects, semantics
 
 BUILTINS: dict = {}
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import types
 
-from minicompile.capture.frame import PY313, code_info, handler_for
-from minicompile.capture.registry import HANDLERS   # filled by interpreter.py and ops_data.py
-from minicompile.capture.resume import NATIVE_STEPS, BreakAction
-from minicompile.capture.variables import NULL, GraphBreak
+from minicompile.capture.entries.resume import NATIVE_STEPS, BreakAction
+from minicompile.capture.interp.frame import PY313, code_info, handler_for
+from minicompile.capture.interp.registry import HANDLERS   # filled by interpreter.py and ops_data.py
+from minicompile.capture.interp.variables import NULL, GraphBreak
 
 # Interpreter handlers that only move values between locals, constants and the stack: they
 # run unchanged on real values.

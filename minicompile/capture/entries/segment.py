@@ -14,18 +14,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from minicompile.capture import dynamic, objects
-from minicompile.capture.calls import call
-from minicompile.capture.codegen import Reifier, compile_function, side_effect_lines
+from minicompile.capture import dynamic
+from minicompile.capture.entries.codegen import Reifier, compile_function, side_effect_lines
+from minicompile.capture.entries.guards import Guards, check_source
+from minicompile.capture.entries.resume import NATIVE_STEPS, BreakAction
 from minicompile.capture.explain import GraphBreakError
-from minicompile.capture.frame import Frame, arg_names
-from minicompile.capture.guards import Guards, check_source
-from minicompile.capture.interpreter import StopAtBreak, run_frame
-from minicompile.capture.resume import NATIVE_STEPS, BreakAction
-from minicompile.capture.tracer import Tracer
-from minicompile.capture.variables import (NULL, GenContext, GenContextExit, GradModeFunction, GraphBreak, OpenGenContext,
-                                           SpecialiseScalar, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, unfinished)
+from minicompile.capture.interp.frame import Frame, arg_names
+from minicompile.capture.interp.interpreter import StopAtBreak, run_frame
+from minicompile.capture.interp.tracer import Tracer
+from minicompile.capture.interp.variables import (NULL, GenContext, GenContextExit, GradModeFunction, GraphBreak, OpenGenContext,
+                                                  SpecialiseScalar, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                                  TensorVar, unfinished)
+from minicompile.capture.python import objects
+from minicompile.capture.python.calls import call
 
 MAX_RESTARTS = 64
 

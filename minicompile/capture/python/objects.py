@@ -13,7 +13,6 @@ way CPython does and returns what ``getattr_`` would for a class attribute.
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import inspect
 import types
@@ -21,7 +20,7 @@ import types
 import torch
 from torch import nn
 
-from minicompile.capture.variables import NULL, GraphBreak, MissingAttribute, SymBoundMethod, SymCell, TensorVar
+from minicompile.capture.interp.variables import NULL, GraphBreak, MissingAttribute, SymBoundMethod, SymCell, TensorVar
 
 # Builtin bases a new object may have: their C storage holds symbolic values opaquely.
 _BASES = (collections.OrderedDict, dict, list, object)
@@ -257,9 +256,6 @@ def children(v) -> list:
     base = builtin_base(type(v))
     items = list(dict.values(v)) if base in _DICT_BASES else list(list.__iter__(v)) if base is list else []
     return items + list(v.__dict__.values())
-
-
-BUILTIN_SUPER = builtins.super
 
 
 def python_container(v) -> bool:

@@ -16,10 +16,10 @@ import itertools
 import operator
 import types
 
-from minicompile.capture.frame import PY311, PY313, code_info
-from minicompile.capture.registry import registrar
-from minicompile.capture.semantics import BINARY_OPS, COMPARE_OPS, push_callable, split_call
-from minicompile.capture.variables import NULL, ResumeIter
+from minicompile.capture.interp.frame import PY311, PY313, code_info, push_callable, split_call
+from minicompile.capture.interp.registry import registrar
+from minicompile.capture.interp.variables import NULL, ResumeIter
+from minicompile.capture.python.semantics import BINARY_OPS, COMPARE_OPS
 
 _NB_SYMBOLS = [sym for _, sym in dis._nb_ops]
 NATIVE_STEPS: dict = {}

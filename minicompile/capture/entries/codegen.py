@@ -15,13 +15,13 @@ import types
 
 import torch
 
-from minicompile.capture import objects
-from minicompile.capture.guards import Namespace
-from minicompile.capture.tracer import _DELETED, Tracer
-from minicompile.capture.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
-                                           GradModeFunction, GradRestore, GraphBreak, OpaqueValue, OpenGenContext,
-                                           ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
-                                           TensorVar, contains_symbolic, real_grad_ctx, unfinished)
+from minicompile.capture.entries.guards import Namespace
+from minicompile.capture.interp.tracer import _DELETED, Tracer
+from minicompile.capture.interp.variables import (EMPTY, NULL, GenContext, GenContextExit, GradModeCtx, GradModeExit,
+                                                  GradModeFunction, GradRestore, GraphBreak, OpaqueValue, OpenGenContext,
+                                                  ResumeIter, SymBoundMethod, SymCell, SymFunction, SymIter, TensorMethod,
+                                                  TensorVar, contains_symbolic, real_grad_ctx, unfinished)
+from minicompile.capture.python import objects
 
 
 def _mkcell():
@@ -86,8 +86,31 @@ class Reifier:
         return self._temp(v, source)
 
     def expr(self, v) -> str:
+        """Source text that rebuilds ``v``: a graph value or a literal, an object made while
+        tracing, a container built again, a value only the tracer has (a cell, a closure, a context
+        manager), else what it was read from or a constant."""
         if id(v) in self.memo:
             return self.memo[id(v)]
+        text = self._graph_value_or_literal(v)
+        if text is not None:
+            return text
+        if self.tracer.is_new(v):
+            return objects.rebuild_text(self, v)
+        tracked = self.tracer.tracked_by_id.get(id(v))
+        if tracked is not None:
+            return self._read(v, tracked.source)   # same object as the caller's, contents replayed already
+        for spell in (self._container, self._tracer_value):
+            if (text := spell(v)) is not None:
+                return text
+        if isinstance(v, torch.Tensor):
+            raise GraphBreak("a real tensor without a source reached the output")
+        src = self.tracer.source_of(v)
+        if src is not None and not src.startswith("_"):
+            return self._read(v, src)
+        return self.ns.const(v)
+
+    def _graph_value_or_literal(self, v) -> str | None:
+        """A graph output, an input read from its source, a size computed again from ``L``, a literal."""
         if isinstance(v, TensorVar):
             if id(v) in self.output_index:
                 return f"o[{self.output_index[id(v)]}]"
@@ -104,11 +127,11 @@ class Reifier:
             return repr(v)
         if type(v) is float:
             return repr(v) if math.isfinite(v) else self.ns.const(v)
-        if self.tracer.is_new(v):
-            return objects.rebuild_text(self, v)
-        tracked = self.tracer.tracked_by_id.get(id(v))
-        if tracked is not None:
-            return self._read(v, tracked.source)   # same object as the caller's, contents replayed already
+        return None
+
+    def _container(self, v) -> str | None:
+        """A tuple, list, dict, deque or set built again from its items (the caller's own object where
+        unchanged); a view or bound method read through one; a slice."""
         if type(v) is tuple and _immutable(v):   # the same object: the caller's, or the code constant
             src = self.tracer.source_of(v)
             return self._read(v, src) if src else self.ns.const(v, "c")
@@ -147,6 +170,11 @@ class Reifier:
             return f"{self.expr(view[0])}.{view[1]}()"
         if type(v) is slice:
             return f"slice({self.expr(v.start)}, {self.expr(v.stop)}, {self.expr(v.step)})"
+        return None
+
+    def _tracer_value(self, v) -> str | None:
+        """A value only the tracer has: an iterator's rest, a cell, a closure, a bound method, a grad
+        mode or @contextmanager context; an unfinished generator or open with-block is a break."""
         if unfinished(v):
             raise GraphBreak("a generator that is not finished outlives the graph (it exists only in the tracer)")
         if isinstance(v, SymIter):
@@ -181,12 +209,7 @@ class Reifier:
             raise OpenGenContext(v.enter_offset)
         if isinstance(v, GradModeExit):
             return f"{self.ns.const(GradRestore, 'T')}({v.restore})"
-        if isinstance(v, torch.Tensor):
-            raise GraphBreak("a real tensor without a source reached the output")
-        src = self.tracer.source_of(v)
-        if src is not None and not src.startswith("_"):
-            return self._read(v, src)
-        return self.ns.const(v)
+        return None
 
 
 _STABLE_SOURCE = re.compile(r"L\[\d+\]|\w+")   # a local or a namespace constant: no effect changes it

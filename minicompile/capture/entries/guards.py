@@ -15,7 +15,7 @@ import types
 import torch
 
 from minicompile.capture.explain import GuardRecord
-from minicompile.capture.variables import NULL, ResumeIter
+from minicompile.capture.interp.variables import NULL, ResumeIter
 
 _LITERAL_TYPES = (int, str, bool, type(None), bytes)
 

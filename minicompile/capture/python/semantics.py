@@ -8,18 +8,17 @@ import collections.abc
 import inspect
 import numbers
 import operator
-import sys
 import types
 
 import torch
 from torch import nn
 
-from minicompile.capture import objects
-from minicompile.capture.tracer import Tracer, is_stable_module
-from minicompile.capture.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
-                                           SymBoundMethod, SymCell,
-                                           SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
-                                           refuse_opaque)
+from minicompile.capture.interp.tracer import Tracer, is_stable_module
+from minicompile.capture.interp.variables import (NULL, GradModeExit, GraphBreak, MissingAttribute, OpaqueValue, ScalarVar,
+                                                  SymBoundMethod, SymCell,
+                                                  SymFunction, SymIter, TensorMethod, TensorVar, contains_symbolic,
+                                                  refuse_opaque)
+from minicompile.capture.python import objects
 
 BINARY_OPS = {
     "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
@@ -37,7 +36,6 @@ _OUT_OF_PLACE = {fn: BINARY_OPS[sym[:-1]] for sym, fn in BINARY_OPS.items() if s
 COMPARE_OPS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
                ">": operator.gt, ">=": operator.ge}
 _COMPARES = set(COMPARE_OPS.values())
-NULL_FIRST = sys.version_info < (3, 13)
 
 
 _OD = collections.OrderedDict()
@@ -443,6 +441,29 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
     if type(obj) in _PLAIN_ATTR_TYPES or isinstance(obj, torch.Size) or is_record(obj) and (
             name in getattr(type(obj), "_fields", ()) or not hasattr(obj, "__dict__")):
         return _read(obj, name)   # (a subclass's attributes are read as an object's)
+    if isinstance(obj, _FUNCTIONS):
+        return _function_attr(tracer, obj, name)
+    if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
+        raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
+    hook = inspect.getattr_static(type(obj), "__getattribute__", None) if hooks else None
+    if isinstance(hook, types.FunctionType):   # a Python __getattribute__ decides: inline it
+        return tracer.call(hook, [obj, name], {})
+    src = _obj_source(tracer, obj)
+    d = getattr(obj, "__dict__", None)
+    traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
+    if traced is not None and name in traced.copy:   # ``obj.__dict__`` was read and written
+        return traced.copy[name]
+    if isinstance(d, dict) and name in d and not hasattr(type(inspect.getattr_static(type(obj), name, None)), "__set__"):
+        return tracer.wrap(d[name], f"{src}.{name}")
+    return class_attr(tracer, obj, name, src)
+
+
+_FUNCTIONS = (SymFunction, SymBoundMethod, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def _function_attr(tracer: Tracer, obj, name: str):
+    """An attribute of a function or bound method: its name, code, self and function; what a
+    decorator set on a Python function (guarded); anything else is a break."""
     if isinstance(obj, SymFunction):
         if name in ("__name__", "__qualname__"):
             return obj.name
@@ -457,32 +478,17 @@ def getattr_(tracer: Tracer, obj, name: str, hooks: bool = True):
         if name == "__func__":
             return obj.func
         raise GraphBreak(f"attribute {name} of a bound method")
-    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__", "__wrapped__"):
-            return getattr(obj, name)
-        if name in ("__self__", "__func__"):
-            return getattr(obj, name)
-        d = getattr(obj, "__dict__", None)
-        if isinstance(obj, types.FunctionType) and isinstance(d, dict):   # set by a decorator
-            src = _obj_source(tracer, obj)
-            if name in d:
-                return tracer.wrap(d[name], f"{src}.{name}")
-            if not hasattr(obj, name):
-                _missing(tracer, obj, name, src)
-        raise GraphBreak(f"attribute {name} of a function")
-    if isinstance(obj, (SymIter, SymCell, TensorMethod, GradModeExit)) or obj is NULL:
-        raise GraphBreak(f"attribute {name} of {type(obj).__name__}")
-    hook = inspect.getattr_static(type(obj), "__getattribute__", None) if hooks else None
-    if isinstance(hook, types.FunctionType):   # a Python __getattribute__ decides: inline it
-        return tracer.call(hook, [obj, name], {})
-    src = _obj_source(tracer, obj)
+    # a Python or builtin function, a bound method
+    if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__", "__wrapped__", "__self__", "__func__"):
+        return getattr(obj, name)
     d = getattr(obj, "__dict__", None)
-    traced = tracer.copy_of.get(id(d)) if isinstance(d, dict) else None
-    if traced is not None and name in traced.copy:   # ``obj.__dict__`` was read and written
-        return traced.copy[name]
-    if isinstance(d, dict) and name in d and not hasattr(type(inspect.getattr_static(type(obj), name, None)), "__set__"):
-        return tracer.wrap(d[name], f"{src}.{name}")
-    return class_attr(tracer, obj, name, src)
+    if isinstance(obj, types.FunctionType) and isinstance(d, dict):   # set by a decorator
+        src = _obj_source(tracer, obj)
+        if name in d:
+            return tracer.wrap(d[name], f"{src}.{name}")
+        if not hasattr(obj, name):
+            _missing(tracer, obj, name, src)
+    raise GraphBreak(f"attribute {name} of a function")
 
 
 _GUARDED_CLASS_ATTRS = {int, float, bool, str, type(None), list, dict, collections.OrderedDict, set}
@@ -575,25 +581,3 @@ objects._SOURCED_C_METHODS.update({   # super().__getattribute__/__setattr__: th
     (object, "__getattribute__"): lambda tracer, obj, name: getattr_(tracer, obj, name, hooks=False),
     (object, "__setattr__"): lambda tracer, obj, name, value: setattr_(tracer, obj, name, value, hooks=False),
 })
-
-
-def split_call(stack: list, argc: int, kw_names: tuple):
-    """(callable, positional args, kwargs) of a CALL, without touching the stack. Below the
-    arguments lie [NULL, callable] (3.11/3.12), [callable, NULL] (3.13) or [method, self]."""
-    args = stack[len(stack) - argc:] if argc else []
-    first, second = stack[-argc - 2], stack[-argc - 1]
-    if first is NULL or second is NULL:
-        fn = second if first is NULL else first
-    else:
-        fn, args = first, [second, *args]
-    nkw = len(kw_names)
-    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
-    if nkw:
-        args = args[:len(args) - nkw]
-    return fn, list(args), kwargs
-
-
-def push_callable(stack: list, fn) -> None:
-    """Push ``fn`` with the NULL that marks "no self" where this Python puts it (LOAD_GLOBAL's and
-    LOAD_ATTR's low bit, CALL_FUNCTION_EX): before the callable until 3.12, after it from 3.13."""
-    stack.extend((NULL, fn) if NULL_FIRST else (fn, NULL))

@@ -12,9 +12,9 @@ import torch
 import torch.fx
 from torch import nn
 
-from minicompile.capture.frame import arg_names
-from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.segment import MISS
+from minicompile.capture.entries.guards import Guards, Namespace
+from minicompile.capture.entries.segment import MISS
+from minicompile.capture.interp.frame import arg_names
 
 _SIDE_EFFECT_NAMES = {"print", "input", "open", "breakpoint", "exec", "eval", "setattr",
                       "item", "tolist", "append", "update", "pop", "extend", "insert", "write"}

@@ -10,13 +10,14 @@ their handlers.
 """
 from __future__ import annotations
 
-from minicompile.capture import semantics
-from minicompile.capture.calls import call
 from minicompile.capture.dynamic import concrete
-from minicompile.capture.interpreter import load_local, store_local
-from minicompile.capture.registry import HANDLERS, op
-from minicompile.capture.resume import NATIVE_STEPS, native
-from minicompile.capture.variables import GraphBreak, contains_symbolic
+from minicompile.capture.entries.resume import NATIVE_STEPS, native
+from minicompile.capture.interp.frame import split_call
+from minicompile.capture.interp.interpreter import load_local, store_local
+from minicompile.capture.interp.registry import HANDLERS, op
+from minicompile.capture.interp.variables import GraphBreak, contains_symbolic
+from minicompile.capture.python import semantics
+from minicompile.capture.python.calls import call
 
 _CONVERSIONS = {1: str, 2: repr, 3: ascii}
 
@@ -57,7 +58,7 @@ def _to_bool(frame, inst):
 
 def _split_call_kw(stack: list, argc: int):
     """CALL_KW's (callable, args, kwargs): the keyword names are a tuple on top of the stack."""
-    return semantics.split_call(stack[:-1], argc, stack[-1])
+    return split_call(stack[:-1], argc, stack[-1])
 
 
 @op("CALL_KW")

@@ -13,17 +13,17 @@ import gc
 import operator
 import re
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture import dynamic
-from minicompile.capture.guards import Guards, Namespace
-from minicompile.capture.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
-                                           ResumeIter, ScalarVar, SymBoundMethod, SymCell, SymIter, TensorMethod, TensorVar,
-                                           refuse_opaque)
+from minicompile.capture.entries.guards import Guards, Namespace
+from minicompile.capture.interp.graph_args import graph_constant, has_tensor, map_args, to_fake
+from minicompile.capture.interp.variables import (NULL, GradModeExit, GradRestore, GraphBreak, MissingAttribute, OpaqueValue,
+                                                  ResumeIter, ScalarVar, SymBoundMethod, SymCell, SymIter, TensorMethod, TensorVar)
 
 _CONST_TYPES = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device,
                 torch.layout, torch.memory_format)
@@ -69,13 +69,6 @@ class GraphInput:
     source: str
     var: TensorVar
     real: torch.Tensor
-
-
-@dataclass
-class TraceState:
-    """Everything a finished trace hands to entry building."""
-    tracer: "Tracer"
-    inputs: list = field(default_factory=list)
 
 
 class Tracer:
@@ -165,6 +158,8 @@ class Tracer:
         return result
 
     def _wrap(self, value, source: str):
+        """Tensors and numbers that become graph inputs, constants guarded by value, modules by
+        identity; containers and other objects in their own steps."""
         g = self.guards
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
@@ -182,6 +177,14 @@ class Tracer:
             g.identity(source, value)
             self._remember(value, source)
             return value
+        if _is_container(value):
+            return self._wrap_container(value, source)
+        return self._wrap_object(value, source)
+
+    def _wrap_container(self, value, source: str):
+        """A tuple of wrapped items; a list, deque, dict or set traced on a copy (its final contents
+        replayed); a dict view read through its dict."""
+        g = self.guards
         named = isinstance(value, tuple) and hasattr(type(value), "_fields")
         if type(value) is tuple or isinstance(value, torch.Size) or named:
             g.type_is(source, type(value))
@@ -214,15 +217,19 @@ class Tracer:
             copy = type(value)((k, self.wrap(value[k], f"{source}[{self.ns.literal(k)}]")) for k in keys)
             self._track(source, copy, value)
             return copy
-        if type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value):
+        if type(value) in (set, frozenset):
             g.type_is(source, type(value))
             g.add(f"{source} == {self.ns.const(frozenset(value))}")
             if type(value) is set:
                 self._track(source, copy := set(value), value)
                 return copy
             return value
-        if type(value) in _DICT_VIEWS:
-            return self._wrap_view(value, source)
+        return self._wrap_view(value, source)
+
+    def _wrap_object(self, value, source: str):
+        """Bound methods made per read and closures, guarded by what they run; functions, classes
+        and modules by identity; any other object by its type (its attributes when read)."""
+        g = self.guards
         if isinstance(value, types.BuiltinMethodType) and not isinstance(
                 value.__self__, (types.ModuleType, type(None))) and getattr(
                 value.__self__, value.__name__, None) is not value:
@@ -301,9 +308,7 @@ class Tracer:
         self.guards.type_is(source, float)
         self.ns.values["_f64"] = _f64
         real = _f64(value)
-        anchor = self.inputs[-1].var.node if self.inputs else None
-        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
-            node = self.graph.placeholder(self._placeholder_name(source))
+        node = self._placeholder(source)
         fake = self.fake_mode.from_tensor(real, static_shapes=True)
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, torch.Tensor, None)
@@ -318,9 +323,7 @@ class Tracer:
         sym = dynamic.symbolic_int(self.fake_mode, value, source)
 
         def placeholder():
-            anchor = self.inputs[-1].var.node if self.inputs else None
-            with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
-                node = self.graph.placeholder(self._placeholder_name(source))
+            node = self._placeholder(source)
             node.meta["example_value"] = sym
             self.inputs.append(GraphInput(source, TensorVar(node, sym, int, source), value))
             return node
@@ -356,11 +359,7 @@ class Tracer:
             fake = dynamic.symbolic_fake(self.fake_mode, value, dims)
         else:
             dims, fake = (), self.fake_mode.from_tensor(value, static_shapes=True)
-        # Inputs are discovered lazily, but FX wants placeholders first: insert after the last.
-        anchor = self.inputs[-1].var.node if self.inputs else None
-        ctx = self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None)
-        with ctx:
-            node = self.graph.placeholder(self._placeholder_name(source))
+        node = self._placeholder(source)
         node.meta["example_value"] = fake
         var = TensorVar(node, fake, type(value), source)
         self.guards.tensor(source, value, sizes=not dims)
@@ -371,6 +370,13 @@ class Tracer:
         self.tensor_by_id[id(value)] = var
         self._keep.append(value)
         return var
+
+    def _placeholder(self, source: str) -> torch.fx.Node:
+        """A graph input read from ``source``. Inputs are discovered lazily, but FX wants placeholders
+        first: it goes after the last one."""
+        anchor = self.inputs[-1].var.node if self.inputs else None
+        with self.graph.inserting_after(anchor) if anchor else self.graph.inserting_before(None):
+            return self.graph.placeholder(self._placeholder_name(source))
 
     def _placeholder_name(self, source: str) -> str:
         """A readable argument name, unique in the graph: two long sources can read the same once
@@ -439,9 +445,9 @@ class Tracer:
         accepted (as constants) when ``allow_constant_result`` says they depend on
         metadata alone; anything else is data-dependent and cannot be traced.
         """
-        args, kwargs = _map(args, graph_constant), _map(kwargs or {}, graph_constant)
-        fake_args = _map(args, _to_fake)
-        fake_kwargs = _map(kwargs, _to_fake)
+        args, kwargs = map_args(args, graph_constant), map_args(kwargs or {}, graph_constant)
+        fake_args = map_args(args, to_fake)
+        fake_kwargs = map_args(kwargs, to_fake)
         try:
             with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
                 if kind == "call_method":
@@ -456,16 +462,16 @@ class Tracer:
                               f"(data-dependent or unsupported while tracing)") from None
         to_node = self._to_node
         if result is None and mutates:  # e.g. setitem: recorded for its effect, returns None
-            node = self.graph.create_node(kind, target, _map(args, to_node), _map(kwargs, to_node))
+            node = self.graph.create_node(kind, target, map_args(args, to_node), map_args(kwargs, to_node))
             node.meta["example_value"] = None
             return None
-        if not _has_tensor(result):
+        if not has_tensor(result):
             if allow_constant_result:
                 return result
             name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
             raise GraphBreak(f"{name} returns a non-tensor value ({type(result).__name__}) "
                               f"that depends on tensor data")
-        node = self.graph.create_node(kind, target, _map(args, to_node), _map(kwargs, to_node))
+        node = self.graph.create_node(kind, target, map_args(args, to_node), map_args(kwargs, to_node))
         node.meta["example_value"] = result
         where = self.where()
         if where:
@@ -487,7 +493,7 @@ class Tracer:
                     item = self.graph.call_function(operator.getitem, (node, i))
                     item.meta["example_value"] = r
                     items.append(TensorVar(item, r))
-                elif _has_tensor(r):
+                elif has_tensor(r):
                     raise GraphBreak("nested tensor containers returned by an op")
                 else:
                     items.append(r)
@@ -500,6 +506,14 @@ class Tracer:
 
 
 _DELETED = type("Deleted", (), {"__repr__": lambda self: "<deleted>"})()
+
+
+def _is_container(value) -> bool:
+    """A value ``Tracer._wrap_container`` wraps: exactly a tuple, list, deque, dict or dict view,
+    a torch.Size, a named tuple, or a set of constants."""
+    named = isinstance(value, tuple) and hasattr(type(value), "_fields")
+    return (type(value) in (tuple, list, collections.deque, dict, collections.OrderedDict, *_DICT_VIEWS) or named
+            or isinstance(value, torch.Size) or type(value) in (set, frozenset) and all(type(v) in _CONST_TYPES for v in value))
 
 
 def _f64(value: float) -> torch.Tensor:
@@ -541,57 +555,6 @@ def _readable(source: str, names: dict) -> str:
 
 def _short(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0][:160]
-
-
-# Constants FX writes into graph code as literals (or names it defines itself).
-_GRAPH_CONSTANTS = {int, float, bool, complex, str, type(None), type(...), torch.dtype, torch.device,
-                    torch.layout, torch.memory_format}
-_GRAPH_TYPES = {int, float, bool, complex}
-
-
-def graph_constant(v):
-    """``v`` as a graph argument: a NumPy scalar becomes the Python number it equals; a value
-    the graph's generated code could not spell (an array, a ``typing`` object, a class) is a
-    graph break rather than a NameError or SyntaxError when the graph runs."""
-    refuse_opaque("a torch op", v)
-    if isinstance(v, (TensorVar, torch.Tensor, *dynamic.SYM_TYPES)) or type(v) in _GRAPH_CONSTANTS or (
-            type(v) is type and v in _GRAPH_TYPES):
-        return v
-    if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "shape", None) == ():
-        return v.item()
-    raise GraphBreak(f"a {type(v).__name__} cannot be a constant in the graph")
-
-
-def _to_fake(v):
-    if isinstance(v, TensorVar):
-        return v.fake
-    if isinstance(v, torch.Tensor):
-        raise GraphBreak("a real tensor reached the graph without a source (cannot be an input)")
-    return v
-
-
-def _map(value, fn):
-    if isinstance(value, (TensorVar, torch.Tensor)):
-        return fn(value)
-    if type(value) is tuple:
-        return tuple(_map(v, fn) for v in value)
-    if type(value) is list:
-        return [_map(v, fn) for v in value]
-    if type(value) is dict:
-        return {k: _map(v, fn) for k, v in value.items()}
-    if type(value) is slice:
-        return slice(_map(value.start, fn), _map(value.stop, fn), _map(value.step, fn))
-    if isinstance(value, torch.Size):
-        return value if all(type(s) is int for s in value) else tuple(_map(s, fn) for s in value)
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-        return type(value)(*[_map(v, fn) for v in value])
-    if isinstance(value, (SymIter, SymCell)):
-        raise GraphBreak(f"cannot pass a {type(value).__name__} to a torch op")
-    return fn(value)
-
-
-def _has_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and any(_has_tensor(x) for x in v))
 
 
 def is_stable_module(mod: types.ModuleType) -> bool:

@@ -1,7 +1,7 @@
 """The opcode -> handler table the interpreter dispatches on.
 
 Handler modules register themselves with ``@op("NAME", ...)``; the table is complete once
-``minicompile.capture.interpreter`` has been imported (the package ``__init__`` does so).
+``minicompile.capture.interp.interpreter`` has been imported (the package ``__init__`` does so).
 """
 from __future__ import annotations
 

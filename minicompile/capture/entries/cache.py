@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from minicompile.capture.calls import class_call
 from minicompile.capture.dynamic import FrameSizes
+from minicompile.capture.entries.fallback import try_fx
+from minicompile.capture.entries.native import NativeEntry, runs_natively, unwind
+from minicompile.capture.entries.segment import MISS, CannotCapture, trace_segment
 from minicompile.capture.explain import CaptureReport, FallbackRecord, GraphBreakError, RecompileRecord
-from minicompile.capture.fallback import try_fx
-from minicompile.capture.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
-from minicompile.capture.native import NativeEntry, runs_natively, unwind
-from minicompile.capture.segment import MISS, CannotCapture, trace_segment
+from minicompile.capture.interp.frame import arg_names, bind_arguments, code_info, frame_value_names, loop_bodies, prescan
+from minicompile.capture.python.calls import class_call
 from minicompile.config import config
 
 log = logging.getLogger("minicompile.capture")

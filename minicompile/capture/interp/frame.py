@@ -13,7 +13,8 @@ import sys
 import types
 from dataclasses import dataclass
 
-from minicompile.capture.registry import HANDLERS
+from minicompile.capture.interp.registry import HANDLERS
+from minicompile.capture.interp.variables import NULL
 
 PY311 = sys.version_info[:2] == (3, 11)
 PY312 = sys.version_info[:2] == (3, 12)
@@ -233,4 +234,30 @@ def arg_names(code: types.CodeType) -> tuple:
 
 
 __all__ = ["Frame", "code_info", "handler_for", "prescan", "is_generator", "bind_arguments", "arg_names", "PY311",
-           "PY312", "PY313"]
+           "PY312", "PY313", "split_call", "push_callable"]
+
+
+# Where the NULL that marks "no self" lies under a CALL's callable: before it until 3.12, after it from 3.13.
+NULL_FIRST = sys.version_info < (3, 13)
+
+
+def split_call(stack: list, argc: int, kw_names: tuple):
+    """(callable, positional args, kwargs) of a CALL, without touching the stack. Below the
+    arguments lie [NULL, callable] (3.11/3.12), [callable, NULL] (3.13) or [method, self]."""
+    args = stack[len(stack) - argc:] if argc else []
+    first, second = stack[-argc - 2], stack[-argc - 1]
+    if first is NULL or second is NULL:
+        fn = second if first is NULL else first
+    else:
+        fn, args = first, [second, *args]
+    nkw = len(kw_names)
+    kwargs = dict(zip(kw_names, args[len(args) - nkw:])) if nkw else {}
+    if nkw:
+        args = args[:len(args) - nkw]
+    return fn, list(args), kwargs
+
+
+def push_callable(stack: list, fn) -> None:
+    """Push ``fn`` with the NULL that marks "no self" where this Python puts it (LOAD_GLOBAL's and
+    LOAD_ATTR's low bit, CALL_FUNCTION_EX): before the callable until 3.12, after it from 3.13."""
+    stack.extend((NULL, fn) if NULL_FIRST else (fn, NULL))

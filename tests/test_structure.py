@@ -27,7 +27,7 @@ PACKAGE = ROOT / "minicompile"
 aten = torch.ops.aten
 
 # The pipeline's stages, in docs/architecture.md's order. The core is these plus the top-level modules.
-STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", "runtime")
+STAGES = ("capture", "aot", "cpu", "decomp", "lowering", "ir", "scheduler", "codegen", "runtime")
 # The review's goal was 10,000 lines; the core measured 10,193 when this check was added. Compiled
 # optimizer steps, aliasing, mutating custom ops, modes/options, CUDA graphs, CPU autotuning, profiler
 # events and the printable loop IR then added about 1,150 lines (11,345). The budget sits just
@@ -107,7 +107,7 @@ STAGES = ("capture", "aot", "decomp", "lowering", "ir", "scheduler", "codegen", 
 # a break stepped lazily in Python, inputs read before side effects replay, pairwise modelled 61.
 # Unbacked sizes: two sizes a run-time check found equal taken as one, F.pad of a size from data,
 # numbers from data that tracing replaced checked at run time, extern result sizes checked ~100: 18305.
-CORE_LINE_BUDGET = 18_305
+CORE_LINE_BUDGET = 18_323
 MAX_FILE_LINES = 600
 
 # docs/architecture.md's layering, as (importer, imported) stage pairs that must not occur.

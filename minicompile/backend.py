@@ -171,10 +171,10 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
 
 def _training_compiler(knobs: dict):
     """Compiles the forward now and the backward on the first backward, under this graph's knobs.
-    Not with the inference channels-last pass (aot/conv_layout.py): in a forward half it converts
+    Not with the inference channels-last pass (cpu/conv_layout.py): in a forward half it converts
     every call and leaves the backward's convolutions on mixed layouts. The joint trace chose the
     training layout already (aot/conv_layout_train.py), for both halves at once. Nor with prepared
-    weights (aot/prepare.py): the parameters change every step."""
+    weights (cpu/prepare.py): the parameters change every step."""
     def compile_part(part_gm, example_inputs):
         with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False}):
             return compile_graph(part_gm, example_inputs)

@@ -7,7 +7,7 @@ Each pass is ``(gm, ctx) -> gm`` (aot/trace.py). The result carries, as thunder'
 which passes constructed it and how long each took: ``gm.meta["constructed_by"]`` is a list
 of (pass name, seconds), printed as a header on the ATen graph (``constructed_by``), and
 ``gm.meta["lifted"]`` holds the tensor attributes ``lift`` made inputs, ``gm.meta["prepared"]``
-(after ``split_prepared``) the cached preparation of its trailing inputs (aot/prepare.py).
+(after ``split_prepared``) the cached preparation of its trailing inputs (cpu/prepare.py).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Callable
 import torch
 
 from minicompile.aot import trace
-from minicompile.aot.conv_layout import functionalize_channels_last, pointwise_convs_as_linear
-from minicompile.aot.cpu_policy import fold_gelu_into_onednn_linear, use_onednn_linear
-from minicompile.aot.prepare import fold_conv_bn, split_prepared, static_inputs
+from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear
+from minicompile.cpu.claims import fold_gelu_into_onednn_linear, use_onednn_linear
+from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
 
 
 @dataclass(frozen=True)
@@ -30,25 +30,25 @@ class AtenPass:
 
 
 def _fold_gelu(gm, ctx):
-    """CPU policy (aot/cpu_policy.py): GELU after a oneDNN linear becomes its post-op."""
+    """CPU policy (cpu/claims.py): GELU after a oneDNN linear becomes its post-op."""
     fold_gelu_into_onednn_linear(gm)
     return gm
 
 
 def _pointwise_convs(gm, ctx):
-    """CPU policy (aot/conv_layout.py): a 1x1 convolution of NHWC pixels runs as a matrix product
+    """CPU policy (cpu/conv_layout.py): a 1x1 convolution of NHWC pixels runs as a matrix product
     (oneDNN's linear or mm, by the GEMM choice)."""
     pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear)
     return gm
 
 
 def _functionalize(gm, ctx):
-    """trace.functionalize, with CPU convolutions fed channels-last (aot/conv_layout.py)."""
+    """trace.functionalize, with CPU convolutions fed channels-last (cpu/conv_layout.py)."""
     return functionalize_channels_last(trace.functionalize, gm, ctx)
 
 
 ATEN_PASSES = (
-    AtenPass("static_inputs", static_inputs),              # which inputs are parameters/buffers (aot/prepare.py)
+    AtenPass("static_inputs", static_inputs),              # which inputs are parameters/buffers (cpu/prepare.py)
     AtenPass("custom_ops", trace.custom_ops),              # mutating custom ops -> functional twins
     AtenPass("functionalize", _functionalize),             # make_fx + functionalize + our decompositions
     AtenPass("leftover_inplace", trace.leftover_inplace),  # in-place ops composite kernels left behind

@@ -30,8 +30,8 @@ import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
-from minicompile.aot.cpu_policy import CPU_CLAIMS
-from minicompile.aot.conv_layout import relayout_active
+from minicompile.cpu.claims import CPU_CLAIMS
+from minicompile.cpu.conv_layout import relayout_active
 from minicompile.aot.custom_ops import functionalize_custom_ops
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 from minicompile.aot.lift import lift_attributes
@@ -49,7 +49,7 @@ class PassContext:
     fake_mode: FakeTensorMode | None = None
     fake_inputs: list = field(default_factory=list)
     symbolic: bool = False
-    static: frozenset = frozenset()                # positions of parameter/buffer inputs (aot/prepare.py)
+    static: frozenset = frozenset()                # positions of parameter/buffer inputs (cpu/prepare.py)
 
 
 def lift(gm, ctx: PassContext):
@@ -213,7 +213,7 @@ def _tracing(ctx: PassContext):
 
 
 def trace_table() -> dict:
-    """Our decomposition table with the CPU backend's claims layered on (aot/cpu_policy.py).
+    """Our decomposition table with the CPU backend's claims layered on (cpu/claims.py).
 
     Built per trace from the live tables: a claim that declines (returns None) defers to
     the device-neutral decomposition registered now.

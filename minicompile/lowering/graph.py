@@ -20,7 +20,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
+from minicompile.cpu.claims import EXTERN_ON_PURPOSE
 from minicompile.aot.layout_readers import STORAGE_READERS
 from minicompile.config import config
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, size_value, symbols_of
@@ -183,7 +183,7 @@ class GraphLowering:
         if self._defines_a_size(node.meta.get("val")):   # x[:k.item()]: its length is min(k, n), clamped
             return self.extern(node, args, kwargs, "its size is a new symbol only the run knows")
         reason = _unsupported_dtype(node)
-        if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
+        if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (cpu/claims.py)
             return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
         lowering = lowering_for(node.target)
         if lowering is None and reason is None:

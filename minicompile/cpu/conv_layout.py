@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.aot.prepare import Emitter, prepares_weights
+from minicompile.cpu.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import NoCandidateRan, cpu_name, library_times, real_tensors
+from minicompile.cpu.timing import NoCandidateRan, cpu_name, library_times, real_tensors
 
 aten = torch.ops.aten
 # inside functionalize_channels_last: the trace's Claims
@@ -107,7 +107,7 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
     every NCHW weight, unless prepared weights keep the converted copy. ResNet-18 at batch 2
     converts 45 MB of weights per call for convolutions that gain 5% (two threads: 17.5 ms NCHW
     against 20.9 ms channels-last; EfficientNet-B0 and ConvNeXt gain). Each convolution shape is
-    timed both ways once per machine and thread count (runtime/autotune.library_times), and the
+    timed both ways once per machine and thread count (cpu/timing.library_times), and the
     graph takes the layout whose sum is smaller.
 
     A convolution whose input eager already holds channels-last (``eager_channels_last``: counts

@@ -7,7 +7,7 @@ on knobs, and each keeps an op whole that lowering then runs as an extern call.
     CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
                         the device-neutral decomposition (thunder's executors claim ops the same way)
     use_onednn_linear   a float32 product as oneDNN's matmul or MKL's sgemm, the faster here
-    claim_convolution   NHWC input for oneDNN, inside inference traces only (aot/conv_layout.py)
+    claim_convolution   NHWC input for oneDNN, inside inference traces only (cpu/conv_layout.py)
     fold_gelu_into_onednn_linear   an ATen pass (aot/passes.py): GELU as oneDNN's post-op
     EXTERN_ON_PURPOSE   op -> reason(args): why lowering leaves it to the vendor library
 
@@ -20,10 +20,10 @@ import math
 
 import torch
 
-from minicompile.aot.conv_layout import claim_convolution
+from minicompile.cpu.conv_layout import claim_convolution
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import cpu_name, library_choice, real_tensors
+from minicompile.cpu.timing import cpu_name, library_choice, real_tensors
 
 aten = torch.ops.aten
 
@@ -39,7 +39,7 @@ def use_onednn_linear(mat1, mat2) -> bool:
     two threads (MKL takes a generic code path on non-Intel CPUs). On other machines MKL can
     win (an earlier Intel one: by 6-14% from 512 rows up). So ``config.cpu_gemm`` "auto"
     measures both at the product's shape (its size hints, for a symbolic size) once per
-    machine, thread count and shape (runtime/autotune.library_choice); "mkl" and "onednn" pin
+    machine, thread count and shape (cpu/timing.library_choice); "mkl" and "onednn" pin
     the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
     becomes its post-op (``fold_gelu_into_onednn_linear``).
     """
@@ -269,7 +269,7 @@ CPU_CLAIMS = {
     aten.addmm.default: _claim_addmm,
     aten.mm.default: _claim_mm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
-    aten.convolution.default: claim_convolution,   # channels-last input (aot/conv_layout.py)
+    aten.convolution.default: claim_convolution,   # channels-last input (cpu/conv_layout.py)
 }
 
 

@@ -1,0 +1,1 @@
+"""The CPU backend's performance policy: claims, layouts, prepared weights and measured choices."""

@@ -18,6 +18,7 @@ from minicompile.aot.joint import TrainingUnsupported, trace_joint
 from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
+from minicompile.cpu import CPU
 from minicompile.ir.expr import NotSymbolic
 from minicompile.pipeline import CompiledGraph, compile_graph
 from minicompile.runtime import CompilerNotFound, autotune, cache
@@ -153,7 +154,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
-            joint = trace_joint(gm, list(example_inputs))
+            joint = trace_joint(gm, list(example_inputs), CPU)
             part = partition(joint, config.partitioner)
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
     except TrainingUnsupported as e:

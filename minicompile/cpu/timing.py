@@ -11,10 +11,12 @@ and decides the same.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import platform
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -125,3 +127,50 @@ def cpu_name() -> str:
     except OSError:
         names = []
     return names[0] if names else platform.processor() or platform.machine()
+
+
+def recorded_times(key: str) -> dict | None:
+    """The times ``library_times`` measured or read for ``key`` in this process; None if it did not."""
+    return _library_times.get(key)
+
+
+# -- what a trace measured: one line per choice, for the ATen graph's header ---------------------
+
+_RECORDER: contextvars.ContextVar = contextvars.ContextVar("minicompile_cpu_choices", default=None)
+
+
+@contextlib.contextmanager
+def recording(lines: list):
+    """Collect into ``lines`` the choice ``record``ed while the block runs (each line once)."""
+    token = _RECORDER.set(lines)
+    try:
+        yield lines
+    finally:
+        _RECORDER.reset(token)
+
+
+def record(line: str) -> None:
+    lines = _RECORDER.get()
+    if lines is not None and line not in lines:
+        lines.append(line)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One choice of the CPU policy: what it chose, and why (measured, with the times, or pinned)."""
+    choice: str
+    pinned: str = ""                # the knob setting that pinned it ("MINICOMPILE_CPU_GEMM=onednn")
+    times: dict | None = None       # name -> seconds per call, where measured
+    note: str = ""                  # a rule beside the timing ("mkl kept unless onednn is 10% faster")
+
+    def timings(self) -> str:
+        """``onednn 0.012 ms, mkl 0.015 ms`` (fastest first), or how it was decided."""
+        if self.pinned:
+            return f"pinned by {self.pinned}"
+        if not self.times:
+            return self.note or "not measured"
+        text = ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in sorted(self.times.items(), key=lambda kv: kv[1]))
+        return f"{text}; {self.note}" if self.note else text
+
+    def line(self, what: str) -> str:
+        return f"cpu: {what} -> {self.choice} ({self.timings()})"

@@ -19,6 +19,7 @@ from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
 from minicompile.cpu import CPU
+from minicompile.cpu.timing import measured_first
 from minicompile.ir.expr import NotSymbolic
 from minicompile.pipeline import CompiledGraph, compile_graph
 from minicompile.runtime import CompilerNotFound, autotune, cache
@@ -154,7 +155,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
-            joint = trace_joint(gm, list(example_inputs), CPU)
+            joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU))   # no stopwatch in make_fx
             part = partition(joint, config.partitioner)
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
     except TrainingUnsupported as e:

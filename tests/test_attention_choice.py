@@ -68,7 +68,8 @@ def test_auto_measures_each_shape_once_and_follows_the_measurement(monkeypatch):
         for run in candidates.values():   # both candidates run on real tensors of the traced layout
             run()
         return "flash"
-    monkeypatch.setattr(cpu_policy, "library_choice", fake_choice)
+    measure_afresh(monkeypatch)
+    monkeypatch.setattr(timing, "library_choice", fake_choice)
     with patch(cpu_attention="auto"), torch.no_grad():
         c = check(attention, *_inputs(), atol=1e-5, rtol=1e-4)
     assert FLASH in c.wrapper_source
@@ -77,11 +78,12 @@ def test_auto_measures_each_shape_once_and_follows_the_measurement(monkeypatch):
 
 def test_auto_choice_is_remembered_per_shape(monkeypatch):
     keys = []
+    real_choice = timing.library_choice
 
     def recording(key, *args, **kwargs):
         keys.append(key)
-        return timing.library_choice(key, *args, **kwargs)
-    monkeypatch.setattr(cpu_policy, "library_choice", recording)
+        return real_choice(key, *args, **kwargs)
+    monkeypatch.setattr(timing, "library_choice", recording)
     q, k, v, mask = _inputs()
     with patch(cpu_attention="auto"):
         first = cpu_policy.use_fused_cpu_attention(q, k, v, mask)
@@ -213,7 +215,7 @@ def test_auto_times_both_forms_on_repeated_heads_and_expanded_masks(monkeypatch)
             run()
             ran.append(name)
         return real_choice(key, candidates, *args, **kwargs)
-    monkeypatch.setattr(cpu_policy, "library_choice", recording)
+    monkeypatch.setattr(timing, "library_choice", recording)
     measure_afresh(monkeypatch)
     inputs = grouped_inputs(4, 1, "float_expanded", False)
     with patch(cpu_attention="auto"), torch.no_grad():

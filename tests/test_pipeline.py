@@ -288,3 +288,36 @@ def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
         assert post_op not in c.wrapper_source
         c = check(Layer("tanh"), x, atol=1e-5, rtol=1e-4)
         assert post_op not in c.wrapper_source and c.schedule.kernels
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_library_choices_are_measured_outside_make_fx(monkeypatch, train):
+    # cpu/timing.measured_first: inside make_fx a claim only looks a choice up; one not measured
+    # yet is measured after that trace, and the graph traced again with the answer
+    import inspect
+    import torch.nn.functional as F
+    from minicompile.cpu import timing
+    in_trace = []
+
+    def best(candidates):   # onednn (GEMM) and flash (attention) measured faster
+        in_trace.append(any(f.filename.endswith("proxy_tensor.py") for f in inspect.stack()))
+        return {name: (1e-3 if name in ("onednn", "flash") else 2e-3) for name in candidates}
+    monkeypatch.setattr(timing, "_library_choices", {})
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)     # keep the made-up timings off disk
+    monkeypatch.setattr(timing, "_interleaved_best", best)
+    torch.manual_seed(0)
+    w = torch.randn(24, 32, requires_grad=train)
+    x = torch.randn(2, 3, 8, 32, requires_grad=train)
+
+    def f(x, w):   # a product, and attention (training: products only)
+        q = x @ w.t()
+        return (q @ w).sum() if train else F.scaled_dot_product_attention(q, q, q).sum()
+    torch._dynamo.reset()
+    with patch(cpu_gemm="auto", cpu_attention="auto"), torch.set_grad_enabled(train):
+        out = torch.compile(f, backend="minicompile")(x, w)
+        if train:
+            out.backward()
+    torch._dynamo.reset()
+    assert in_trace and not any(in_trace)

@@ -27,7 +27,7 @@ import torch
 from minicompile.cpu.conv_layout import claim_convolution
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.cpu.timing import Decision, cpu_name, library_choice, real_tensors, record, recorded_times
+from minicompile.cpu.timing import Decision, choose, cpu_name, pick, real_tensors, record, recorded_times
 
 aten = torch.ops.aten
 
@@ -63,19 +63,15 @@ def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
     what = f"mm {m}x{k}x{n} ({layouts[0]} @ {layouts[1]})"
     if not measure:
         times = recorded_times(key)
-        return None if times is None else Decision(_pick(times, "mkl", ONEDNN_MARGIN), times=times, note=_GEMM_RULE)
+        return None if times is None else Decision(pick(times, "mkl", ONEDNN_MARGIN), times=times, note=_GEMM_RULE)
     with real_tensors():
-        choice = library_choice(key, candidates, f"float32 product {m}x{k} ({layouts[0]}) @ {k}x{n} ({layouts[1]})",
-                                prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
+        choice = choose(key, candidates, f"float32 product {m}x{k} ({layouts[0]}) @ {k}x{n} ({layouts[1]})",
+                        prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
+    if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
+        return Decision("mkl", note="not measured yet")
     decision = Decision(choice, times=recorded_times(key), note=_GEMM_RULE)
     record(decision.line(what))
     return decision
-
-
-def _pick(times: dict, prefer: str, margin: float) -> str:
-    """library_choice's rule: the fastest, unless ``prefer`` is within ``margin`` of it."""
-    choice = min(times, key=times.get)
-    return prefer if prefer in times and times[choice] > times[prefer] * (1 - margin) else choice
 
 
 def _pinned(knob: str, env: str, eager: str) -> tuple[str, str]:
@@ -242,9 +238,11 @@ def attention_decision(query, key, value, attn_mask=None, is_causal=False, scale
     key_, candidates, what = _attention_candidates(query, key, value, attn_mask, is_causal, scale)
     if not measure:
         times = recorded_times(key_)
-        return None if times is None else Decision(_pick(times, "flash", FLASH_MARGIN), times=times, note=_FLASH_RULE)
+        return None if times is None else Decision(pick(times, "flash", FLASH_MARGIN), times=times, note=_FLASH_RULE)
     with real_tensors():
-        choice = library_choice(key_, candidates, what, prefer="flash", margin=FLASH_MARGIN, otherwise="math")
+        choice = choose(key_, candidates, what, prefer="flash", margin=FLASH_MARGIN, otherwise="math")
+    if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
+        return Decision("flash", note="not measured yet")
     times = recorded_times(key_)
     decision = Decision(choice, times=times, note=_FLASH_RULE if times else "neither library call runs on this layout")
     record(decision.line(what))

@@ -3,7 +3,7 @@
     claims          CPU_CLAIMS (cpu/claims.py): products as oneDNN's linear or MKL's mm, attention
                     as eager's flash kernel or our math form, convolutions fed channels-last
     before_trace    static_inputs: which inputs are parameters or buffers (cpu/prepare.py)
-    around_trace    the trace in channels-last where that measured faster (cpu/conv_layout.py)
+    around_trace    channels-last where it measured faster (cpu/conv_layout.py); measured_first
     after_trace     fold_conv_bn, pointwise_convs, fold_gelu, extern_reasons
     prepare         split_prepared: values from parameters alone, computed once (cpu/prepare.py)
 
@@ -17,12 +17,17 @@ from minicompile.aot.policy import AtenPass, DevicePolicy
 from minicompile.cpu.claims import CPU_CLAIMS, fold_gelu_into_onednn_linear, stamp_extern_reasons, use_onednn_linear
 from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear, relayout_active
 from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
-from minicompile.cpu.timing import recording
+from minicompile.cpu.timing import measured_first, recording
 
 
 def _around_trace(functionalize, gm, ctx):
-    """trace.functionalize with CPU convolutions fed channels-last; ``ctx.choices`` gets what the
-    kept trace measured (a trace retried in NCHW measured its own products)."""
+    """trace.functionalize with CPU convolutions fed channels-last, its library choices measured
+    before the trace that is kept, never inside make_fx (cpu/timing.measured_first)."""
+    return measured_first(lambda: _channels_last_trace(functionalize, gm, ctx))
+
+
+def _channels_last_trace(functionalize, gm, ctx):
+    """``ctx.choices`` gets what the kept trace chose (a trace retried in NCHW chose its own products)."""
     attempts = []
 
     def recorded(gm, ctx):
@@ -36,7 +41,7 @@ def _around_trace(functionalize, gm, ctx):
     with recording(layout):
         traced = functionalize_channels_last(recorded, gm, ctx)
     kept = next((lines for t, lines in attempts if t is traced), [])
-    ctx.choices.extend(line for line in [*layout, *kept] if line not in ctx.choices)
+    ctx.choices[:] = [*dict.fromkeys([*layout, *kept])]
     return traced
 
 

@@ -17,6 +17,7 @@ import logging
 import platform
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -62,10 +63,7 @@ def library_choice(key: str, candidates: dict, what: str = "", prefer: str | Non
         log.info("%s: %s; using %s", what or key, e, otherwise)
         _library_choices[key] = otherwise
         return otherwise
-    choice = min(times, key=times.get)
-    if prefer in times and times[choice] > times[prefer] * (1 - margin):
-        choice = prefer
-    _library_choices[key] = choice
+    _library_choices[key] = choice = pick(times, prefer, margin)
     return choice
 
 
@@ -127,6 +125,65 @@ def cpu_name() -> str:
     except OSError:
         names = []
     return names[0] if names else platform.processor() or platform.machine()
+
+
+# -- measured before the trace, never inside it -------------------------------------------------
+
+_PENDING: contextvars.ContextVar = contextvars.ContextVar("minicompile_cpu_pending", default=None)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A library choice a trace asked for before it was measured: ``library_choice``'s arguments."""
+    key: str
+    candidates: dict
+    what: str
+    prefer: str | None
+    margin: float
+    otherwise: str | None
+
+
+def choose(key: str, candidates: dict, what: str, prefer: str | None = None, margin: float = 0.0,
+           otherwise: str | None = None) -> str | None:
+    """``library_choice``; inside ``measured_first`` only a choice recorded already (in this process
+    or on disk), None for one not measured yet, which is left for ``measured_first`` to measure."""
+    pending = _PENDING.get()
+    if pending is None:
+        return library_choice(key, candidates, what, prefer, margin, otherwise)
+    if key in _library_choices:
+        return _library_choices[key]
+    times = _library_times.get(key) or load_timings(key)
+    if times is None or set(times) != set(candidates):
+        pending.append(Question(key, candidates, what, prefer, margin, otherwise))
+        return None
+    _library_times[key] = times
+    _library_choices[key] = pick(times, prefer, margin)
+    return _library_choices[key]
+
+
+def pick(times: dict, prefer: str | None, margin: float) -> str:
+    """library_choice's rule: the fastest, unless ``prefer`` is within ``margin`` of it."""
+    choice = min(times, key=times.get)
+    return prefer if prefer in times and times[choice] > times[prefer] * (1 - margin) else choice
+
+
+def measured_first(trace: Callable):
+    """``trace()`` with its library choices measured outside it: run once where an unmeasured choice
+    only leaves a Question (the provisional graph is dropped), measure those, run again with every
+    answer recorded. Only the first compile of a shape on a machine traces twice."""
+    for _ in range(3):
+        pending = []
+        token = _PENDING.set(pending)
+        try:
+            result = trace()
+        finally:
+            _PENDING.reset(token)
+        if not pending:
+            return result
+        for q in pending:
+            with real_tensors():
+                _library_choices[q.key] = library_choice(q.key, q.candidates, q.what, q.prefer, q.margin, q.otherwise)
+    return trace()
 
 
 def recorded_times(key: str) -> dict | None:

@@ -18,6 +18,8 @@ from minicompile.aot.joint import TrainingUnsupported, trace_joint
 from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
+from minicompile.cpu import CPU
+from minicompile.cpu.timing import measured_first
 from minicompile.ir.expr import NotSymbolic
 from minicompile.pipeline import CompiledGraph, compile_graph
 from minicompile.runtime import CompilerNotFound, autotune, cache
@@ -153,7 +155,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
-            joint = trace_joint(gm, list(example_inputs))
+            joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU))   # no stopwatch in make_fx
             part = partition(joint, config.partitioner)
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
     except TrainingUnsupported as e:
@@ -171,10 +173,10 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
 
 def _training_compiler(knobs: dict):
     """Compiles the forward now and the backward on the first backward, under this graph's knobs.
-    Not with the inference channels-last pass (aot/conv_layout.py): in a forward half it converts
+    Not with the inference channels-last pass (cpu/conv_layout.py): in a forward half it converts
     every call and leaves the backward's convolutions on mixed layouts. The joint trace chose the
     training layout already (aot/conv_layout_train.py), for both halves at once. Nor with prepared
-    weights (aot/prepare.py): the parameters change every step."""
+    weights (cpu/prepare.py): the parameters change every step."""
     def compile_part(part_gm, example_inputs):
         with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False}):
             return compile_graph(part_gm, example_inputs)

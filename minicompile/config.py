@@ -135,7 +135,7 @@ class Config:
         "MINICOMPILE_CPU_ATTENTION", "auto", "CPU attention: `auto` keeps eager's fused flash kernel (an "
         "extern call) for a shape where it measured faster than the decomposed math form on this machine "
         "(once per shape and thread count, remembered in the cache), and the math form where neither "
-        "runs on the traced layout; `math` or `flash` pins the choice (aot/cpu_policy.py)",
+        "runs on the traced layout; `math` or `flash` pins the choice (cpu/claims.py)",
         choices=("auto", "math", "flash"))
     cpu_gemm: str = knob(
         "MINICOMPILE_CPU_GEMM", "auto", "CPU float32 matrix products: `auto` runs each shape with MKL's "
@@ -159,7 +159,7 @@ class Config:
     prepare_weights: bool = knob(
         "MINICOMPILE_PREPARE_WEIGHTS", False, "CPU inference: values computed from parameters and buffers "
         "alone (channels-last weights, BatchNorm folded into the convolution) are computed once per "
-        "version of those tensors (aot/prepare.py); also `options={\"freezing\": True}`. Off by default: "
+        "version of those tensors (cpu/prepare.py); also `options={\"freezing\": True}`. Off by default: "
         "a write through `p.data` moves no version counter and would not be seen")
     host_pool_mb: int = knob(
         "MINICOMPILE_HOST_POOL_MB", 2048, "CPU buffers of 64 KiB or more (and matrix products' results) "

@@ -1,6 +1,6 @@
 """The compile pipeline, one pass per line: FX graph -> ATen -> loop IR -> kernels -> callable.
 
-    aten  = trace(gm, example_inputs)        aot/ + decomp/: ATEN_PASSES (aot/passes.py), fake tensors only
+    aten  = trace(gm, example_inputs, CPU)   aot/ + decomp/ + the CPU's policy (cpu/), fake tensors only
     be    = pick_backend(aten)               codegen/: C++ on CPU, Triton on CUDA
     loops = lower(aten, row_scratch)         lowering/ -> ir.LoopGraph (see lower() for row_scratch)
     plan  = schedule(loops, be.caps)         scheduler/
@@ -22,10 +22,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
-from minicompile.aot.passes import COMPILE_PASSES, trace_inference
+from minicompile.aot.passes import compile_passes, trace_inference
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
+from minicompile.cpu import CPU
 from minicompile.ir.graph import LoopGraph
 from minicompile.lowering import lower
 from minicompile.runtime import cache
@@ -131,7 +132,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
     t = StageTimer()
     out_spec = _output_spec(gm)
-    aten = t("trace", _trace, gm, list(example_inputs))            # aot/ + decomp/ (ATEN_PASSES)
+    aten = t("trace", _trace, gm, list(example_inputs))            # aot/ + decomp/, with the CPU's policy
     be = BACKENDS[_pick_backend(aten)]
     loops = t("lower", lower, aten, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
@@ -148,7 +149,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGr
 
 def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
     with _trace_lock:
-        return trace_inference(gm, example_inputs, COMPILE_PASSES)
+        return trace_inference(gm, example_inputs, compile_passes(CPU), CPU)
 
 
 def _generate(backend, loops: LoopGraph, plan: Schedule, prepared=None) -> Code:

@@ -1,4 +1,4 @@
-"""CPU attention: eager's fused flash kernel or our math form (aot/cpu_policy.py use_fused_cpu_attention).
+"""CPU attention: eager's fused flash kernel or our math form (cpu/claims.py use_fused_cpu_attention).
 
 The test run pins the math form (conftest); these tests set ``cpu_attention`` themselves."""
 import os
@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minicompile.aot import cpu_policy
+from minicompile.cpu import claims as cpu_policy
 from minicompile.config import patch
 from minicompile.decomp import DECOMPOSITIONS
+from minicompile.cpu import timing
 from minicompile.runtime import autotune
 from tests.helpers import Recorder, check, compile_fn
 
@@ -67,7 +68,8 @@ def test_auto_measures_each_shape_once_and_follows_the_measurement(monkeypatch):
         for run in candidates.values():   # both candidates run on real tensors of the traced layout
             run()
         return "flash"
-    monkeypatch.setattr(cpu_policy, "library_choice", fake_choice)
+    measure_afresh(monkeypatch)
+    monkeypatch.setattr(timing, "library_choice", fake_choice)
     with patch(cpu_attention="auto"), torch.no_grad():
         c = check(attention, *_inputs(), atol=1e-5, rtol=1e-4)
     assert FLASH in c.wrapper_source
@@ -76,18 +78,19 @@ def test_auto_measures_each_shape_once_and_follows_the_measurement(monkeypatch):
 
 def test_auto_choice_is_remembered_per_shape(monkeypatch):
     keys = []
+    real_choice = timing.library_choice
 
     def recording(key, *args, **kwargs):
         keys.append(key)
-        return autotune.library_choice(key, *args, **kwargs)
-    monkeypatch.setattr(cpu_policy, "library_choice", recording)
+        return real_choice(key, *args, **kwargs)
+    monkeypatch.setattr(timing, "library_choice", recording)
     q, k, v, mask = _inputs()
     with patch(cpu_attention="auto"):
         first = cpu_policy.use_fused_cpu_attention(q, k, v, mask)
         assert autotune.load_timings(keys[0]) is not None   # both forms' times are kept on disk
-        monkeypatch.setattr(autotune, "_library_choices", {})    # a new process: read from disk
-        monkeypatch.setattr(autotune, "_library_times", {})
-        monkeypatch.setattr(autotune, "_interleaved_best", lambda c: pytest.fail("measured twice"))
+        monkeypatch.setattr(timing, "_library_choices", {})    # a new process: read from disk
+        monkeypatch.setattr(timing, "_library_times", {})
+        monkeypatch.setattr(timing, "_interleaved_best", lambda c: pytest.fail("measured twice"))
         assert cpu_policy.use_fused_cpu_attention(q, k, v, mask) == first
         assert len(set(keys)) == 1
 
@@ -149,9 +152,9 @@ def compiled_and_eager(fn, inputs, train: bool):
 
 def measure_afresh(monkeypatch):
     """"auto" measures here, as in a new process on a new machine (no choice kept in memory or on disk)."""
-    monkeypatch.setattr(autotune, "_library_choices", {})
-    monkeypatch.setattr(autotune, "_library_times", {})
-    monkeypatch.setattr(autotune, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "_library_choices", {})
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
 
 
 # the default run measures ("auto", what users get and what raised); the pinned forms are slow
@@ -205,14 +208,14 @@ def test_auto_times_both_forms_on_repeated_heads_and_expanded_masks(monkeypatch)
     """The operands of the timing are laid out as the traced ones, stride 0 included: HF's
     repeated key/value heads (one head, expanded) made both candidates fail to be built."""
     ran = []
-    real_choice = autotune.library_choice
+    real_choice = timing.library_choice
 
     def recording(key, candidates, *args, **kwargs):
         for name, run in candidates.items():
             run()
             ran.append(name)
         return real_choice(key, candidates, *args, **kwargs)
-    monkeypatch.setattr(cpu_policy, "library_choice", recording)
+    monkeypatch.setattr(timing, "library_choice", recording)
     measure_afresh(monkeypatch)
     inputs = grouped_inputs(4, 1, "float_expanded", False)
     with patch(cpu_attention="auto"), torch.no_grad():

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from minicompile.config import patch
 from minicompile.lowering.registry import LOWERINGS
-from minicompile.aot.passes import COMPILE_PASSES, trace_inference
+from minicompile.aot.passes import compile_passes, trace_inference
+from minicompile.cpu import CPU
 from minicompile.report.artifacts import library_choices
 
 aten = torch.ops.aten
@@ -69,9 +70,9 @@ def test_library_choices_show_and_eager_pins_eagers_libraries():
     qkv = [torch.randn(1, 2, 8, 4) for _ in range(3)] + [torch.randn(4, 4)]
     gm = torch.fx.symbolic_trace(f)
     with patch(cpu_gemm="onednn", cpu_attention="math"):
-        measured = library_choices(trace_inference(gm, qkv, COMPILE_PASSES))
+        measured = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU))
         with patch(cpu_libraries="eager"):
-            eager = library_choices(trace_inference(gm, qkv, COMPILE_PASSES))
+            eager = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU))
     assert "0 as eager's" in measured[0] and "1 in oneDNN" in measured[0], measured
     assert "0 in eager's fused flash kernel, 1 decomposed" in measured[1], measured
     assert "1 as eager's" in eager[0] and "0 in oneDNN" in eager[0], eager

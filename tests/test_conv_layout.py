@@ -1,4 +1,4 @@
-"""Channels-last convolution graphs on CPU (aot/conv_layout.py) and loops in memory order (ir/nodes.py)."""
+"""Channels-last convolution graphs on CPU (cpu/conv_layout.py) and loops in memory order (ir/nodes.py)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -11,7 +11,7 @@ from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 
 def _clones_to_channels_last(graph) -> int:
-    """In the graph, and in its preparation of the weights (aot/prepare.py), which runs once."""
+    """In the graph, and in its preparation of the weights (cpu/prepare.py), which runs once."""
     prepared = graph.aten_graph.meta.get("prepared")
     graphs = [graph.aten_graph.graph] + ([prepared.prepare.graph] if prepared else [])
     return sum(1 for g in graphs for n in g.nodes
@@ -150,7 +150,7 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
 @pytest.mark.parametrize("faster", ["nchw", "nhwc"])
 def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dynamo, monkeypatch, faster):
     # conv_layout "auto" adds each convolution's two measured times: the graph takes the smaller sum
-    from minicompile.aot import conv_layout
+    from minicompile.cpu import conv_layout
     seen = []
 
     def times(conv, convert_weight):
@@ -170,7 +170,7 @@ def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dyn
 
 
 def test_layout_times_count_the_weight_conversion_and_run_1x1_as_linear():
-    from minicompile.aot.conv_layout import ConvShape, conv_layout_times
+    from minicompile.cpu.conv_layout import ConvShape, conv_layout_times
     dense = ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
     pointwise = ConvShape((1, 8, 6, 6), (16, 8, 1, 1), False, (1, 1), (0, 0), (1, 1), 1, False)
     assert pointwise.pointwise and not dense.pointwise
@@ -180,8 +180,8 @@ def test_layout_times_count_the_weight_conversion_and_run_1x1_as_linear():
 
 
 def test_a_layout_that_cannot_run_is_never_chosen(monkeypatch):
-    from minicompile.aot import conv_layout
-    from minicompile.runtime.autotune import NoCandidateRan
+    from minicompile.cpu import conv_layout
+    from minicompile.cpu.timing import NoCandidateRan
     conv = conv_layout.ConvShape((1, 8, 6, 6), (8, 8, 3, 3), True, (1, 1), (1, 1), (1, 1), 1, False)
     measured = {"nhwc": 1.0}   # NCHW raised: only NHWC's time
     monkeypatch.setattr(conv_layout, "conv_layout_times", lambda conv, convert_weight: measured)
@@ -215,7 +215,7 @@ def test_convolution_of_an_eager_channels_last_input_is_left_out_and_gets_its_we
         fresh_dynamo, monkeypatch, faster):
     # its input is channels-last in both traces: only the stem decides, and in the NCHW trace the
     # downsampling weight is still converted (not reordered by oneDNN inside every call)
-    from minicompile.aot import conv_layout
+    from minicompile.cpu import conv_layout
     seen = []
 
     def times(conv, convert_weight):

@@ -215,7 +215,7 @@ def test_division_by_a_symbol_that_is_no_monomial_or_of_a_negative_value_raises_
 
 @pytest.mark.parametrize("gemm", ["onednn", "auto"])
 def test_linear_layers_with_a_symbolic_batch_run_as_the_chosen_library(gemm, compiles, fresh_dynamo):
-    # aot/cpu_policy.py: the product's library is chosen at the size hint and serves every size
+    # cpu/claims.py: the product's library is chosen at the size hint and serves every size
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16)).eval()
     f = torch.compile(mlp, backend="minicompile", dynamic=True)

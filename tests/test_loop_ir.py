@@ -152,7 +152,34 @@ def test_cpu_policy_claims_onednn_linear_and_the_ir_says_why():
         compiled = _compile(lambda x: F.gelu(layer(x)) * 2, torch.randn(8, 64))
     text = str(compiled.loop_graph)
     assert "extern mkldnn._linear_pointwise.default(" in text and "'gelu', [], 'none')" in text
-    assert "# runs eagerly: oneDNN's linear with GELU folded in: faster than MKL's mm" in text
+    assert "# runs eagerly: oneDNN's linear with GELU folded in: pinned by MINICOMPILE_CPU_GEMM=onednn" in text
     with patch(cpu_gemm="mkl"):   # the claim declines: the neutral decomposition runs
         compiled = _compile(lambda x: layer(x) * 2, torch.randn(8, 64))
     assert "mkldnn" not in str(compiled.loop_graph) and "extern aten.mm.default(" in str(compiled.loop_graph)
+
+
+@pytest.mark.parametrize("faster", ["onednn", "mkl"])
+def test_a_measured_gemm_choice_prints_its_timings_in_the_aten_header_and_the_reason(monkeypatch, faster):
+    # cpu/claims.py gemm_decision: the ATen graph's header names the choice with both timings, and
+    # the extern's reason says it was measured (not "measured or pinned")
+    from minicompile.aot.passes import constructed_by
+    from minicompile.cpu import timing
+    times = {faster: 1e-3, ({"onednn", "mkl"} - {faster}).pop(): 2e-3}
+    monkeypatch.setattr(timing, "_library_choices", {})
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)     # keep the made-up timing off disk
+    monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: dict(times))
+    layer = torch.nn.Linear(64, 32).eval()
+    with patch(cpu_gemm="auto"):
+        compiled = _compile(lambda x: layer(x) * 2, torch.randn(8, 64))
+    header = constructed_by(compiled.aten_graph)
+    other = "mkl" if faster == "onednn" else "onednn"
+    assert (f"# cpu: mm 8x64x32 (row @ column) -> {faster} ({faster} 1.000 ms, {other} 2.000 ms; "
+            "mkl kept unless onednn is 10% faster)") in header
+    text = str(compiled.loop_graph)
+    if faster == "onednn":
+        assert ("# runs eagerly: oneDNN's linear: measured faster than MKL's mm for this shape on this machine "
+                "(onednn 1.000 ms, mkl 2.000 ms;") in text
+    else:
+        assert "mkldnn" not in text

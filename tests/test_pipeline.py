@@ -198,7 +198,7 @@ def test_op_returning_nothing_is_kept_as_extern():
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 def test_products_pinned_to_onednn_run_as_its_linear_and_match_eager():
-    # aot/cpu_policy.py use_onednn_linear, with config.cpu_gemm pinning the library
+    # cpu/claims.py use_onednn_linear, with config.cpu_gemm pinning the library
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64, bias=False)).eval()
     x, y = torch.randn(8, 64), torch.randn(64, 32)
@@ -218,26 +218,26 @@ def test_products_pinned_to_onednn_run_as_its_linear_and_match_eager():
 
 
 def test_auto_gemm_choice_is_measured_once_and_remembered(monkeypatch):
-    # runtime/autotune.library_choice: the faster candidate wins; the choice is kept on disk
+    # cpu/timing.library_choice: the faster candidate wins; the choice is kept on disk
     import time
-    from minicompile.runtime import autotune
+    from minicompile.cpu import timing
     key = f"test-choice-{time.time_ns()}"
-    assert autotune.library_choice(key, {"slow": lambda: time.sleep(0.002), "fast": lambda: None}) == "fast"
-    monkeypatch.setattr(autotune, "_library_choices", {})            # a new process: read from disk
+    assert timing.library_choice(key, {"slow": lambda: time.sleep(0.002), "fast": lambda: None}) == "fast"
+    monkeypatch.setattr(timing, "_library_choices", {})            # a new process: read from disk
     def never():
         raise AssertionError("a remembered choice is not measured again")
-    assert autotune.library_choice(key, {"slow": never, "fast": never}) == "fast"
+    assert timing.library_choice(key, {"slow": never, "fast": never}) == "fast"
     failing = {"raises": lambda: 1 / 0, "runs": lambda: time.sleep(0.001)}
-    assert autotune.library_choice(key + "-2", failing) == "runs"   # a candidate that raises is never chosen
+    assert timing.library_choice(key + "-2", failing) == "runs"   # a candidate that raises is never chosen
     broken = {"raises": lambda: 1 / 0, "also raises": lambda: [][0]}
-    with pytest.raises(autotune.NoCandidateRan, match="ZeroDivisionError"):
-        autotune.library_choice(key + "-3", broken)
-    assert autotune.library_choice(key + "-4", broken, otherwise="ours") == "ours"   # where none runs
+    with pytest.raises(timing.NoCandidateRan, match="ZeroDivisionError"):
+        timing.library_choice(key + "-3", broken)
+    assert timing.library_choice(key + "-4", broken, otherwise="ours") == "ours"   # where none runs
 
 
 def test_a_preferred_library_is_kept_unless_another_is_faster_by_the_margin():
     import time
-    from minicompile.runtime import autotune
+    from minicompile.cpu import timing
 
     def spin(seconds):  # CPU time, which the measurement counts (a sleep would count nothing)
         def run():
@@ -247,9 +247,9 @@ def test_a_preferred_library_is_kept_unless_another_is_faster_by_the_margin():
         return run
     key = f"test-prefer-{time.time_ns()}"
     close = {"kept": spin(0.002), "other": spin(0.0019)}
-    assert autotune.library_choice(key, close, prefer="kept", margin=0.3) == "kept"
+    assert timing.library_choice(key, close, prefer="kept", margin=0.3) == "kept"
     far = {"kept": spin(0.004), "other": spin(0.001)}
-    assert autotune.library_choice(key + "-far", far, prefer="kept", margin=0.3) == "other"
+    assert timing.library_choice(key + "-far", far, prefer="kept", margin=0.3) == "other"
 
 
 def test_matrix_products_write_into_the_wrappers_buffers():
@@ -288,3 +288,36 @@ def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
         assert post_op not in c.wrapper_source
         c = check(Layer("tanh"), x, atol=1e-5, rtol=1e-4)
         assert post_op not in c.wrapper_source and c.schedule.kernels
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_library_choices_are_measured_outside_make_fx(monkeypatch, train):
+    # cpu/timing.measured_first: inside make_fx a claim only looks a choice up; one not measured
+    # yet is measured after that trace, and the graph traced again with the answer
+    import inspect
+    import torch.nn.functional as F
+    from minicompile.cpu import timing
+    in_trace = []
+
+    def best(candidates):   # onednn (GEMM) and flash (attention) measured faster
+        in_trace.append(any(f.filename.endswith("proxy_tensor.py") for f in inspect.stack()))
+        return {name: (1e-3 if name in ("onednn", "flash") else 2e-3) for name in candidates}
+    monkeypatch.setattr(timing, "_library_choices", {})
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)     # keep the made-up timings off disk
+    monkeypatch.setattr(timing, "_interleaved_best", best)
+    torch.manual_seed(0)
+    w = torch.randn(24, 32, requires_grad=train)
+    x = torch.randn(2, 3, 8, 32, requires_grad=train)
+
+    def f(x, w):   # a product, and attention (training: products only)
+        q = x @ w.t()
+        return (q @ w).sum() if train else F.scaled_dot_product_attention(q, q, q).sum()
+    torch._dynamo.reset()
+    with patch(cpu_gemm="auto", cpu_attention="auto"), torch.set_grad_enabled(train):
+        out = torch.compile(f, backend="minicompile")(x, w)
+        if train:
+            out.backward()
+    torch._dynamo.reset()
+    assert in_trace and not any(in_trace)

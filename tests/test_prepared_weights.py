@@ -1,4 +1,4 @@
-"""Values computed from parameters alone are prepared once per version (aot/prepare.py, runtime/prepared.py).
+"""Values computed from parameters alone are prepared once per version (cpu/prepare.py, runtime/prepared.py).
 
 Every test changes a parameter or buffer between calls the way user code does, and checks that
 the compiled result follows eager; the counting ones check that the preparation really is

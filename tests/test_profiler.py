@@ -13,7 +13,7 @@ from tests.helpers import assert_matches_eager
 @pytest.fixture(autouse=True)
 def mkl_products():
     """The events below name the product aten.mm: MKL's, not the oneDNN linear that
-    aot/cpu_policy.py may measure as faster on this machine."""
+    cpu/claims.py may measure as faster on this machine."""
     with patch(cpu_gemm="mkl"):
         yield
 

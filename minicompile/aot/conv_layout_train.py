@@ -3,7 +3,7 @@
 oneDNN's CPU convolutions, their backward and ATen's max pooling are much faster on NHWC
 data than on NCHW (one thread, SmallCNN's shapes, 32 x 32 channels: the 3-channel stem
 convolution 4.1 -> 0.35 ms, a 16 x 16 convolution 1.39 -> 0.63 ms, 2 x 2 max pooling 4.5 ->
-0.28 ms). The inference pass (aot/conv_layout.py) converts at the ATen level, below autograd:
+0.28 ms). The inference pass (cpu/conv_layout.py) converts at the ATen level, below autograd:
 in a joint trace autograd would still save the NCHW input and weight, and the backward's
 ``convolution_backward`` would mix layouts, slower than both. So the conversion here happens
 above autograd, while the joint function runs the captured forward: a TorchFunctionMode gives

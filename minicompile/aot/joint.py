@@ -46,6 +46,7 @@ from torch.utils import _pytree as pytree
 from minicompile.aot import trace
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
+from minicompile.aot.policy import NEUTRAL, DevicePolicy
 
 aten = torch.ops.aten
 
@@ -67,11 +68,12 @@ class JointGraph:
 _AFTER_TRACE = (trace.leftover_inplace, trace.dce, trace.input_meta, trace.check_meta)
 
 
-def trace_joint(gm: torch.fx.GraphModule, example_inputs: list) -> JointGraph:
-    """Trace ``gm`` with its backward; raises TrainingUnsupported for graphs that must run eagerly."""
+def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> JointGraph:
+    """Trace ``gm`` with its backward (``policy``'s claims layered on the decompositions, aot/policy.py);
+    raises TrainingUnsupported for graphs that must run eagerly."""
     _check_graph(gm)
     gm = trace.custom_ops(gm, None)
-    ctx = trace.PassContext(list(example_inputs))
+    ctx = trace.PassContext(list(example_inputs), policy=policy)
     ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
     primals = [trace._to_fake(ctx.fake_mode, x) for x in ctx.inputs]
     outputs = _fake_forward(gm, primals, ctx.fake_mode)

@@ -23,8 +23,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_copy", "as_strided_scatter", "set_",
-                             "untyped_storage", "storage"})
+from minicompile.decomp.core_ops import STORAGE_READERS
+
 LAYOUT_READERS = STORAGE_READERS | frozenset({"stride", "storage_offset", "data_ptr",
     "dropout", "dropout_", "alpha_dropout", "alpha_dropout_", "rand_like", "randn_like", "randint_like",
     "bernoulli_", "uniform_", "normal_", "exponential_", "random_", "cauchy_", "log_normal_", "geometric_"})

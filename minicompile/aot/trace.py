@@ -30,11 +30,10 @@ import torch.fx.traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
-from minicompile.aot.cpu_policy import CPU_CLAIMS
-from minicompile.aot.conv_layout import relayout_active
 from minicompile.aot.custom_ops import functionalize_custom_ops
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 from minicompile.aot.lift import lift_attributes
+from minicompile.aot.policy import NEUTRAL, DevicePolicy
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
 
@@ -49,7 +48,9 @@ class PassContext:
     fake_mode: FakeTensorMode | None = None
     fake_inputs: list = field(default_factory=list)
     symbolic: bool = False
-    static: frozenset = frozenset()                # positions of parameter/buffer inputs (aot/prepare.py)
+    static: frozenset = frozenset()                # positions of parameter/buffer inputs (cpu/prepare.py)
+    policy: DevicePolicy = NEUTRAL                 # the backend's claims and passes (aot/policy.py)
+    choices: list = field(default_factory=list)    # what the policy measured, one line each (the header)
 
 
 def lift(gm, ctx: PassContext):
@@ -80,7 +81,7 @@ def functionalize(gm, ctx: PassContext):
 
         def run_graph(*args):
             # node by node, so each ATen node inherits its source node's stack trace
-            return TracingInterpreter(gm, ctx.symbolic).run(*args)
+            return TracingInterpreter(gm, ctx.symbolic, ctx.policy.relayout_active).run(*args)
         return _make_fx(torch.func.functionalize(run_graph, remove="mutations"), ctx)
 
 
@@ -152,7 +153,7 @@ class TracingInterpreter(LayoutCheckingInterpreter):
     """Runs a captured graph inside the trace, with the calls above sent to our decompositions;
     in the channels-last trace, ops that read a layout check it is eager's (aot/layout_readers.py)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, symbolic: bool):
+    def __init__(self, gm: torch.fx.GraphModule, symbolic: bool, relayout_active=lambda: False):
         super().__init__(gm, relayout_active)
         self.symbolic = symbolic
 
@@ -212,14 +213,14 @@ def _tracing(ctx: PassContext):
         yield
 
 
-def trace_table() -> dict:
-    """Our decomposition table with the CPU backend's claims layered on (aot/cpu_policy.py).
+def trace_table(claims: dict) -> dict:
+    """Our decomposition table with a backend's claims layered on (aot/policy.py).
 
     Built per trace from the live tables: a claim that declines (returns None) defers to
     the device-neutral decomposition registered now.
     """
     table = dict(DECOMPOSITIONS)
-    for op, claim in CPU_CLAIMS.items():
+    for op, claim in claims.items():
         table[op] = _claimed(op, claim)
     return table
 
@@ -254,7 +255,7 @@ def _make_fx(fn, ctx: PassContext) -> torch.fx.GraphModule:
     # some decompositions of dynamic shapes need; with static inputs "fake" is enough.
     return make_fx(
         fn,
-        decomposition_table=trace_table(),
+        decomposition_table=trace_table(ctx.policy.claims),
         tracing_mode="symbolic" if ctx.symbolic else "fake",
     )(*ctx.fake_inputs)
 

@@ -9,7 +9,7 @@ the next buffer of the same size and dtype. A horizontal group of C++ kernels
 (codegen/cpp_groups.py) is one call, made where its last kernel was; its kernels' buffers are
 allocated at their own steps and none is handed on before that call.
 
-When aot/prepare.py moved values computed from parameters alone out of the graph, its last
+When cpu/prepare.py moved values computed from parameters alone out of the graph, its last
 placeholders are those values: ``call`` gets them from a runtime.prepared.CachedPreparation,
 which recomputes them only when a parameter changed.
 

@@ -4,7 +4,7 @@ F.scaled_dot_product_attention reaches aten.scaled_dot_product_attention, which 
 CompositeImplicitAutograd: in torch 2.13 on CPU the dispatcher picks
 _scaled_dot_product_flash_attention_for_cpu (after turning a boolean mask into an additive
 one) before make_fx consults the table, so that fused op is decomposed here (unless the CPU policy,
-aot/cpu_policy.py, keeps eager's fused kernel, a choice it measures per shape); the composite
+cpu/claims.py, keeps eager's fused kernel, a choice it measures per shape); the composite
 op's own entry serves direct use and tracers that stop at composite ops.
 """
 from __future__ import annotations

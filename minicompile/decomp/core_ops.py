@@ -58,6 +58,11 @@ VIEWS = _overloads(
 )
 # Picking one output of a multi-output op (native_layer_norm, var_mean, split, ...).
 STRUCTURAL = [operator.getitem]
+# Ops (by name) that address a tensor's storage rather than its elements: the value they read is
+# its storage, in the layout it has (aot/layout_readers.py checks it is eager's; lowering gives
+# their arguments memory of eager's strides).
+STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_copy", "as_strided_scatter", "set_",
+                             "untyped_storage", "storage"})
 NATIVE_OPS: frozenset = frozenset(
     POINTWISE + POINTWISE_OWN_LOWERING + CREATION_AND_COPIES + REDUCTIONS + VIEWS + STRUCTURAL)
 

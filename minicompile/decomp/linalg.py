@@ -29,7 +29,7 @@ def _scale_and_add(product, bias, beta, alpha):
 
 @register_decomposition(aten.addmm.default)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
-    # On CPU, aot/cpu_policy.py may claim it first (oneDNN's linear where it measured faster).
+    # On CPU, cpu/claims.py may claim it first (oneDNN's linear where it measured faster).
     return _scale_and_add(aten.mm.default(mat1, mat2), self, beta, alpha)
 
 

@@ -20,9 +20,8 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
-from minicompile.aot.cpu_policy import EXTERN_ON_PURPOSE
-from minicompile.aot.layout_readers import STORAGE_READERS
 from minicompile.config import config
+from minicompile.decomp.core_ops import STORAGE_READERS
 from minicompile.ir.expr import Expr, NotSymbolic, Sym, size_value, symbols_of
 from minicompile.ir.graph import ExternRecord, LoopGraph
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, Layout, Lazy,
@@ -183,8 +182,8 @@ class GraphLowering:
         if self._defines_a_size(node.meta.get("val")):   # x[:k.item()]: its length is min(k, n), clamped
             return self.extern(node, args, kwargs, "its size is a new symbol only the run knows")
         reason = _unsupported_dtype(node)
-        if node.target in EXTERN_ON_PURPOSE:  # a backend's choice of a vendor library (aot/cpu_policy.py)
-            return self.extern(node, args, kwargs, reason or EXTERN_ON_PURPOSE[node.target](node.args))
+        if "extern_reason" in node.meta:  # a backend's choice of a vendor library, stamped (cpu/claims.py)
+            return self.extern(node, args, kwargs, reason or node.meta["extern_reason"])
         lowering = lowering_for(node.target)
         if lowering is None and reason is None:
             reason = f"no lowering for {_op_name(node.target)}"

@@ -80,7 +80,7 @@ _EAGER_HINT = "MINICOMPILE_CPU_LIBRARIES=eager gives eager's"
 
 def library_choices(aten_graph) -> list[str]:
     """The library calls of an ATen graph whose rounding differs from eager's, against the ones
-    eager makes (aot/cpu_policy.py measures the choice): matrix products in oneDNN's matmul
+    eager makes (cpu/claims.py measures the choice): matrix products in oneDNN's matmul
     rather than aten.mm (MKL's sgemm on CPU), attention as our math form rather than eager's
     fused flash kernel. Empty when the graph has neither products nor attention."""
     onednn = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)

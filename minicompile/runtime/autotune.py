@@ -10,12 +10,9 @@ the winner.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import logging
 import os
-import platform
 import statistics
 import threading
 import time
@@ -86,110 +83,3 @@ def save_choice(key: str, variant: str, timings: dict) -> None:
     with open(tmp, "w") as f:
         json.dump({"variant": variant, "median_seconds": timings}, f, indent=1)
     cache.commit(tmp, path)
-
-
-# -- library calls: which vendor routine is fastest for one shape -----------------------------
-
-LIBRARY_ROUNDS = (5, 15)    # at least / at most this many interleaved rounds ...
-LIBRARY_BUDGET_S = 0.02     # ... running until this much time has passed (0.05 cost BERT 0.1 s cold)
-_library_choices: dict = {}
-
-
-class NoCandidateRan(RuntimeError):
-    """Every routine of a measured choice raised on its operands; the message names the first error."""
-
-
-def library_choice(key: str, candidates: dict, what: str = "", prefer: str | None = None, margin: float = 0.0,
-                   otherwise: str | None = None) -> str:
-    """The fastest of ``candidates`` (name -> a call with no arguments), measured once per key.
-
-    For choices between vendor routines for one operation and shape (aot/cpu_policy.py: MKL's
-    sgemm or oneDNN's matmul), where the winner depends on the machine and the ratio is large.
-    The candidates run interleaved, a round at a time, so a noisy moment hits all of them; the
-    median decides. The winner is remembered in this process and on disk (the key names the
-    machine, the thread count and the shape), so a later compile of the same shape measures
-    nothing and decides the same. A candidate that raises is not chosen.
-
-    Each run is timed by the process's CPU time and the fastest run counts: on a machine
-    shared with other work, wall-clock runs mostly measured how long the scheduler kept us
-    waiting (medians of wall-clock rounds picked a 3x slower GEMM under load).
-
-    ``prefer`` is kept unless another candidate is faster by more than ``margin`` (a fraction):
-    for a routine with a cost that timing it alone does not show. ``otherwise`` is the answer
-    where no candidate runs (a form that needs none of them: our decomposition), else NoCandidateRan.
-    """
-    if key in _library_choices:
-        return _library_choices[key]
-    try:
-        times = library_times(key, candidates, what)
-    except NoCandidateRan as e:
-        if otherwise is None:
-            raise
-        log.info("%s: %s; using %s", what or key, e, otherwise)
-        _library_choices[key] = otherwise
-        return otherwise
-    choice = min(times, key=times.get)
-    if prefer in times and times[choice] > times[prefer] * (1 - margin):
-        choice = prefer
-    _library_choices[key] = choice
-    return choice
-
-
-_library_times: dict = {}
-
-
-def library_times(key: str, candidates: dict, what: str = "") -> dict:
-    """Seconds per call of each of ``candidates`` (the fastest of interleaved runs, as
-    ``library_choice`` measures), once per key, remembered in this process and on disk. For a
-    choice that adds the times of several routines (aot/conv_layout.py: a graph's layout,
-    from every convolution in it)."""
-    if key in _library_times:
-        return _library_times[key]
-    times = load_timings(key)
-    if times is None or set(times) != set(candidates):
-        times = _interleaved_best(candidates)
-        choice = min(times, key=times.get)
-        save_choice(key, choice, times)
-        log.info("measured %s: %s (%s)", what or key, choice,
-                 ", ".join(f"{name} {t * 1e3:.3f} ms" for name, t in times.items()))
-    _library_times[key] = times
-    return times
-
-
-@contextlib.contextmanager
-def real_tensors():
-    """Leave a trace's fake and proxy modes (and grad mode) to time real library calls."""
-    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
-        yield
-
-
-def _interleaved_best(candidates: dict) -> dict:
-    times, errors = {name: [] for name in candidates}, {}
-    for name, call in candidates.items():
-        try:
-            call()                          # warm-up: first-call setup is not the routine's speed
-        except Exception as e:  # noqa: BLE001 - a routine that does not run is not a candidate
-            del times[name]
-            errors[name] = f"{type(e).__name__}: {e}"
-    if not times:
-        raise NoCandidateRan(f"no candidate routine ran: {sorted(candidates)} ({next(iter(errors.items()))})")
-    start = time.perf_counter()
-    for rounds in range(1, LIBRARY_ROUNDS[1] + 1):
-        for name in times:
-            t0 = time.process_time()
-            candidates[name]()
-            times[name].append(time.process_time() - t0)
-        if rounds >= LIBRARY_ROUNDS[0] and time.perf_counter() - start >= LIBRARY_BUDGET_S:
-            break
-    return {name: min(ts) for name, ts in times.items()}
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_name() -> str:
-    """The CPU's model name (part of a measured choice's key: another CPU measures again)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    except OSError:
-        names = []
-    return names[0] if names else platform.processor() or platform.machine()

@@ -1,6 +1,6 @@
 """Values a compiled graph computes from its parameters and buffers alone, kept across calls.
 
-aot/prepare.py moves such values (a convolution weight laid out channels-last, a weight with
+cpu/prepare.py moves such values (a convolution weight laid out channels-last, a weight with
 BatchNorm's scale folded in) out of the graph into a small ATen graph, ``prepare``, and makes
 them trailing inputs of the graph. The host wrapper gets them from a ``CachedPreparation``:
 

@@ -348,7 +348,7 @@ def module_attr(tracer: Tracer, m: nn.Module, name: str):
         if name in d.get(table, ()):
             var = tracer.wrap(d[table][name], f"{src}.{table}[{name!r}]")
             if table != "_modules" and isinstance(var, TensorVar) and var.node.op == "placeholder":
-                var.node.meta["static_input"] = True  # what is computed from it alone is cached (aot/prepare.py)
+                var.node.meta["static_input"] = True  # what is computed from it alone is cached (cpu/prepare.py)
             return var
     if name in d:
         return tracer.wrap(d[name], f"{src}.{name}")

@@ -2,7 +2,7 @@
 
 Dynamo and our front end hand a module's parameters and buffers to the graph as inputs, so
 whatever the graph computes from them alone ran again on every call: ResNet-18 laid its
-47 MB of convolution weights out channels-last (aot/conv_layout.py) on each call, and each
+47 MB of convolution weights out channels-last (cpu/conv_layout.py) on each call, and each
 BatchNorm recomputed ``rsqrt(var + eps) * weight`` inside the kernel after its convolution.
 Three ATen passes (aot/passes.py):
 

@@ -1,8 +1,7 @@
 """Channels-last for convolution graphs on CPU (inference): convert once, keep eager's outputs.
 
-oneDNN's CPU convolutions are much faster on NHWC data than on NCHW (measured on the
-2-core machine, eager, NCHW weights: ResNet-18 at 2x3x128x128 1452 -> 935 ms, EfficientNet-B0
-6362 -> 3081 ms under heavy load). Eager only takes that path when the user converts the
+oneDNN's CPU convolutions are often much faster on NHWC data than on NCHW (docs/models.md has
+the numbers). Eager only takes that path when the user converts the
 input. Here a CPU float32 convolution whose 4-d input is NCHW-contiguous gets that input as
 ``clone(memory_format=channels_last)``; its result is then channels-last, every elementwise
 op after it keeps that order (TensorIterator's rule, which the fake tensors follow), so the
@@ -18,11 +17,12 @@ without the conversion; so is a graph in which an op that reads a layout (``as_s
 dropout's draws) would read one the conversion changed (aot/layout_readers.py). A 1x1
 convolution (stride 1, no padding, one group) of an NHWC input is then a matrix product of
 the (N*H*W, C) pixels with the (C_out, C) weight: it runs as oneDNN's linear or MKL's mm, by
-the GEMM choice (``pointwise_convs_as_linear``), twice as fast as the convolution at batch 2
-on one thread (where ATen picks its slow non-oneDNN kernel for 1x1) and as fast from batch 16.
+the GEMM choice (``pointwise_convs_as_linear``): faster than ATen's convolution at small batches,
+where it picks a slow non-oneDNN kernel for 1x1, and as fast at large ones.
 Training graphs never see it: the claim only acts inside ``functionalize_channels_last``, and
 the training backend compiles both halves with it off (aot/conv_layout_train.py chooses their
-layout). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off.
+layout). ``MINICOMPILE_CONV_CHANNELS_LAST=0`` turns it off; ``MINICOMPILE_CONV_LAYOUT`` measures
+the layout ("auto", ``channels_last_pays``) or pins it, and the ATen graph's header prints which.
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.aot.prepare import Emitter, prepares_weights
+from minicompile.cpu.prepare import Emitter, prepares_weights
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import NoCandidateRan, cpu_name, library_times, real_tensors
+from minicompile.cpu.timing import Decision, NoCandidateRan, cpu_name, library_times, real_tensors, record
 
 aten = torch.ops.aten
 # inside functionalize_channels_last: the trace's Claims
@@ -49,8 +49,8 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     """convolution with its NCHW input and weight cloned channels-last (float32, CPU), else None.
 
     Both, not only the input: with a channels-last input and an NCHW weight, oneDNN reorders
-    the weight inside every call, slowly (a 256x256x3x3 weight at 8x8: 23 ms against 1.8 ms
-    with both channels-last and 1.9 ms with both NCHW, one thread); our clone is a plain
+    the weight inside every call, slowly (over ten times the convolution's own time, measured);
+    our clone is a plain
     transposing kernel. In the NCHW trace (``Claims.convert_inputs`` False) only that weight
     is cloned, for an input that is channels-last already (ConvNeXt's, after its permuted
     LayerNorm)."""
@@ -104,10 +104,10 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
 
     NHWC convolutions are faster in oneDNN where the channels are few per group (depthwise:
     2.4x at 96 channels, 32x32) and about even for dense 3x3 ones; but each call also converts
-    every NCHW weight, unless prepared weights keep the converted copy. ResNet-18 at batch 2
-    converts 45 MB of weights per call for convolutions that gain 5% (two threads: 17.5 ms NCHW
-    against 20.9 ms channels-last; EfficientNet-B0 and ConvNeXt gain). Each convolution shape is
-    timed both ways once per machine and thread count (runtime/autotune.library_times), and the
+    every NCHW weight, unless prepared weights keep the converted copy (ResNet-18 at batch 2
+    converts 45 MB of weights per call for convolutions that gain little; docs/models.md). Each
+    convolution shape is
+    timed both ways once per machine and thread count (cpu/timing.library_times), and the
     graph takes the layout whose sum is smaller.
 
     A convolution whose input eager already holds channels-last (``eager_channels_last``: counts
@@ -116,7 +116,9 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
     downsampling convolutions (fed by its permuted LayerNorm) tipped it to the NCHW trace, where
     its stem's LayerNorm then read NCHW rows with a stride (0.5 ms).
     """
+    what = f"layout of {len(convs)} convolution(s)"
     if config.conv_layout == "channels_last":
+        record(Decision("nhwc", "MINICOMPILE_CONV_LAYOUT=channels_last").line(what))
         return True
     same_both_ways = Counter(eager_channels_last or {})
     total = {"nchw": 0.0, "nhwc": 0.0}
@@ -127,9 +129,11 @@ def channels_last_pays(convs: list, weights_cached: bool, eager_channels_last: C
         try:
             times = conv_layout_times(conv, convert_weight=not (conv.weight_ready or weights_cached))
         except NoCandidateRan:   # neither layout runs alone: keep eager's
+            record(Decision("nchw", note="neither layout runs alone: eager's").line(what))
             return False
         for layout in total:      # a layout that did not run is never chosen
             total[layout] += times.get(layout, math.inf)
+    record(Decision("nhwc" if total["nhwc"] < total["nchw"] else "nchw", times=total, note="summed").line(what))
     return total["nhwc"] < total["nchw"]
 
 

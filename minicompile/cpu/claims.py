@@ -1,17 +1,21 @@
-"""The CPU backend's ATen policy: which ops run as vendor-library calls there, on purpose.
+"""The CPU's claims: which ops run as vendor-library calls there, on purpose, and why.
 
 The decomposition table (decomp/) says what ops mean, on any device. The choices here are
-the CPU's, measured on the 2-core AVX-512 machine: they depend on the device, on sizes and
-on knobs, and each keeps an op whole that lowering then runs as an extern call.
+the CPU's: they depend on the machine, on sizes and on knobs, and each keeps an op whole that
+lowering then runs as an extern call. cpu/policy.py hands them to the trace (``CPU.claims``).
 
     CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
                         the device-neutral decomposition (thunder's executors claim ops the same way)
-    use_onednn_linear   a float32 product as oneDNN's matmul or MKL's sgemm, the faster here
-    claim_convolution   NHWC input for oneDNN, inside inference traces only (aot/conv_layout.py)
-    fold_gelu_into_onednn_linear   an ATen pass (aot/passes.py): GELU as oneDNN's post-op
-    EXTERN_ON_PURPOSE   op -> reason(args): why lowering leaves it to the vendor library
+    gemm_decision       a float32 product as oneDNN's matmul or MKL's sgemm, measured or pinned
+    attention_decision  eager's fused flash attention or our math form, measured or pinned
+    claim_convolution   NHWC input for oneDNN, inside inference traces only (cpu/conv_layout.py)
+    fold_gelu_into_onednn_linear   an ATen pass: GELU as oneDNN's post-op
+    stamp_extern_reasons           an ATen pass: ``node.meta["extern_reason"]``, which lowering prints
 
-A claim checks the device of its tensors, so tracing a CUDA graph is untouched.
+A claim checks the device of its tensors, so tracing a CUDA graph is untouched. Each measured
+choice is timed once per machine, thread count and shape (cpu/timing.py) and printed in the ATen
+graph's header; the knobs MINICOMPILE_CPU_GEMM and MINICOMPILE_CPU_ATTENTION pin them
+(MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries). What was measured where: docs/models.md.
 """
 from __future__ import annotations
 
@@ -20,10 +24,10 @@ import math
 
 import torch
 
-from minicompile.aot.conv_layout import claim_convolution
+from minicompile.cpu.conv_layout import claim_convolution
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.runtime.autotune import cpu_name, library_choice, real_tensors
+from minicompile.cpu.timing import Decision, choose, cpu_name, pick, real_tensors, record, recorded_times
 
 aten = torch.ops.aten
 
@@ -34,28 +38,49 @@ def use_onednn_linear(mat1, mat2) -> bool:
     """Run the float32 CPU product ``mat1 @ mat2`` as oneDNN's linear rather than ``aten.mm``.
 
     ``aten.mm`` (and eager's ``nn.Linear``) calls MKL's sgemm. Which library is faster depends
-    on the machine: on the 2-core AMD EPYC here oneDNN's matmul took 0.46-0.54x MKL's time on
-    every shape measured, 128x192x576 to 2048x1024x4096, row- or column-major operands, one or
-    two threads (MKL takes a generic code path on non-Intel CPUs). On other machines MKL can
-    win (an earlier Intel one: by 6-14% from 512 rows up). So ``config.cpu_gemm`` "auto"
-    measures both at the product's shape (its size hints, for a symbolic size) once per
-    machine, thread count and shape (runtime/autotune.library_choice); "mkl" and "onednn" pin
-    the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
+    on the machine (MKL takes a generic code path on non-Intel CPUs; docs/models.md has the
+    numbers), so ``config.cpu_gemm`` "auto" measures both at the product's shape (its size hints,
+    for a symbolic size) once per machine, thread count and shape (cpu/timing.library_choice);
+    "mkl" and "onednn" pin the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
     becomes its post-op (``fold_gelu_into_onednn_linear``).
     """
-    mode = _pinned("cpu_gemm", eager="mkl")
-    if mode == "mkl" or not _onednn_can_run(mat1, mat2):
-        return False
-    if mode == "onednn":
-        return True
-    return _measured_gemm(*(_hint(s) for s in (*mat1.shape, mat2.shape[1])),
-                          _layout(mat1), _layout(mat2)) == "onednn"
+    decision = gemm_decision(mat1, mat2)
+    return decision is not None and decision.choice == "onednn"
 
 
-def _pinned(knob: str, eager: str) -> str:
-    """A library knob's value (config checked it); ``eager``, eager's own library, when
-    cpu_libraries is "eager"."""
-    return eager if config.cpu_libraries == "eager" else getattr(config, knob)
+def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
+    """MKL's mm or oneDNN's linear for ``mat1 @ mat2``, and why; None where oneDNN cannot run it.
+    A measured choice is recorded for the ATen graph's header. ``measure=False`` only looks the
+    timing up (a choice this process made): the reason lowering prints."""
+    mode, pinned = _pinned("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")
+    if not _onednn_can_run(mat1, mat2):
+        return None
+    if pinned:
+        return Decision(mode, pinned)
+    m, k, n = (_hint(s) for s in (*mat1.shape, mat2.shape[1]))
+    layouts = (_layout(mat1), _layout(mat2))
+    key, candidates = _gemm_candidates(m, k, n, *layouts)
+    what = f"mm {m}x{k}x{n} ({layouts[0]} @ {layouts[1]})"
+    if not measure:
+        times = recorded_times(key)
+        return None if times is None else Decision(pick(times, "mkl", ONEDNN_MARGIN), times=times, note=_GEMM_RULE)
+    with real_tensors():
+        choice = choose(key, candidates, f"float32 product {m}x{k} ({layouts[0]}) @ {k}x{n} ({layouts[1]})",
+                        prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
+    if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
+        return Decision("mkl", note="not measured yet")
+    decision = Decision(choice, times=recorded_times(key), note=_GEMM_RULE)
+    record(decision.line(what))
+    return decision
+
+
+def _pinned(knob: str, env: str, eager: str) -> tuple[str, str]:
+    """(a library knob's value (config checked it), the setting that pins it, or "" for "auto"):
+    ``eager``, eager's own library, when cpu_libraries is "eager"."""
+    if config.cpu_libraries == "eager":
+        return eager, "MINICOMPILE_CPU_LIBRARIES=eager"
+    mode = getattr(config, knob)
+    return mode, "" if mode == "auto" else f"{env}={mode}"
 
 
 def _onednn_can_run(mat1, mat2) -> bool:
@@ -89,20 +114,17 @@ def _layout(t) -> str:
     return "row" if t.stride(1) == 1 else "column" if t.stride(0) == 1 else "strided"
 
 
-def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
-    """library_choice keeps the answer (in this process and on disk); the operands are only
-    made when it measures."""
+def _gemm_candidates(m: int, k: int, n: int, layout1: str, layout2: str) -> tuple[str, dict]:
+    """(the cache key, the two calls to time); library_choice keeps the answer (in this process and
+    on disk); the operands are only made when it measures."""
     def operand(rows, cols, layout):
         return torch.randn(cols, rows).t() if layout == "column" else torch.randn(rows, cols)
     operands = functools.cache(lambda: (operand(m, k, layout1), operand(k, n, layout2)))
     linear = torch.ops.mkldnn._linear_pointwise.default
     key = cache.digest("gemm", torch.__version__, cpu_name(), str(torch.get_num_threads()),
                        f"{m}x{k}x{n}", layout1, layout2, f"mkl unless {ONEDNN_MARGIN} faster")
-    with real_tensors():
-        return library_choice(key, {"mkl": lambda: torch.mm(*operands()),
-                                    "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")},
-                              f"float32 product {m}x{k} ({layout1}) @ {k}x{n} ({layout2})",
-                              prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
+    return key, {"mkl": lambda: torch.mm(*operands()),
+                 "onednn": lambda: linear(operands()[0], operands()[1].t(), None, "none", [], "")}
 
 
 # oneDNN's linear must be this much faster alone to be chosen: it allocates its result on every
@@ -110,6 +132,7 @@ def _measured_gemm(m: int, k: int, n: int, layout1: str, layout2: str) -> str:
 # allocations were page-faulted in again and again (Swin: 1,200 faults a call, all in its 8
 # oneDNN products, once the process's heap had been churned; 0 in its 19 mm calls).
 ONEDNN_MARGIN = 0.1
+_GEMM_RULE = f"mkl kept unless onednn is {ONEDNN_MARGIN:.0%} faster"
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,8 +160,7 @@ def fold_gelu_into_onednn_linear(gm: torch.fx.GraphModule) -> int:
     ``mkldnn._linear_pointwise(x, W, b, "none")`` and ``decomp/activations.py`` wrote the exact
     GELU as ``0.5 * y * (erf(y / sqrt(2)) + 1)``. When the linear's value feeds nothing else,
     oneDNN applies GELU while the product is still in registers: the MLP's separate GELU
-    kernel (0.43-0.48 ms of ~14 ms) and its 4 MiB intermediate are gone. Returns the number
-    of folds.
+    kernel and its intermediate are gone. Returns the number of folds.
     """
     linear = torch.ops.mkldnn._linear_pointwise.default if _onednn_available() else None
     folds = 0
@@ -195,33 +217,48 @@ def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, 
 
     The math form materialises every score: a bmm, one fused scale/mask/softmax kernel of ours,
     a second bmm. Eager's flash kernel streams blocks of scores through cache instead. Which
-    wins depends on the shape and the machine: on the 2-core AMD EPYC here flash won at every
-    attention measured alone (Swin's 32x3x49x49 windows: 351 us against 487 us for our math form;
-    ViT's 2x3x197x197: 584 against 698; GPT-2's causal 4x4x128x128: 654 against 778), where an
-    earlier machine ran 49-wide windows faster as math; inside the whole ViT, though, math ran
-    2-3% faster. So ``config.cpu_attention`` "auto"
+    wins depends on the shape and the machine (docs/models.md), so ``config.cpu_attention`` "auto"
     times both once per machine, thread count and shape (the math side as the library calls
     our form makes: two batched products around eager's softmax) and keeps flash unless math
     is faster by ``FLASH_MARGIN``; "math" and "flash" pin the choice. Where neither runs on
     operands laid out as the traced ones, the math form is chosen: it needs no library.
     """
-    mode = _pinned("cpu_attention", eager="flash")
-    if mode != "auto":
-        return mode == "flash"
-    if not _hinted(query, key, value, attn_mask):  # a data-dependent size: nothing to time, eager's kernel
-        return True
-    return _measured_attention(query, key, value, attn_mask, is_causal, scale) == "flash"
+    return attention_decision(query, key, value, attn_mask, is_causal, scale).choice == "flash"
+
+
+def attention_decision(query, key, value, attn_mask=None, is_causal=False, scale=None,
+                       measure: bool = True) -> Decision | None:
+    """Eager's flash kernel or our math form for this attention, and why (as ``gemm_decision``;
+    None where ``measure=False`` finds no timing)."""
+    mode, pinned = _pinned("cpu_attention", "MINICOMPILE_CPU_ATTENTION", eager="flash")
+    if pinned:
+        return Decision(mode, pinned)
+    if not _hinted(query, key, value, attn_mask):
+        return Decision("flash", note="a data-dependent size: nothing to time, eager's kernel")
+    key_, candidates, what = _attention_candidates(query, key, value, attn_mask, is_causal, scale)
+    if not measure:
+        times = recorded_times(key_)
+        return None if times is None else Decision(pick(times, "flash", FLASH_MARGIN), times=times, note=_FLASH_RULE)
+    with real_tensors():
+        choice = choose(key_, candidates, what, prefer="flash", margin=FLASH_MARGIN, otherwise="math")
+    if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
+        return Decision("flash", note="not measured yet")
+    times = recorded_times(key_)
+    decision = Decision(choice, times=times, note=_FLASH_RULE if times else "neither library call runs on this layout")
+    record(decision.line(what))
+    return decision
 
 
 # The math side's timing leaves out what our math form adds to the two products and the softmax:
 # its scale and masks (fused into the softmax kernel, but not free) and the copies that lay out a
-# strided query, key or value for the products. Compiled alone, that form lost to flash by 7-20% on
-# this machine at shapes where the library calls tied (ViT's: 0.600 / 0.590 ms); inside the whole
-# ViT it won by 2-3%, which this timing does not see (docs/models.md).
+# strided query, key or value for the products: compiled alone, that form can lose to flash where
+# the library calls tie, and win inside a whole model, which this timing does not see (docs/models.md).
 FLASH_MARGIN = 0.05
+_FLASH_RULE = f"flash kept unless math is {FLASH_MARGIN:.0%} faster"
 
 
-def _measured_attention(query, key, value, attn_mask, is_causal, scale) -> str:
+def _attention_candidates(query, key, value, attn_mask, is_causal, scale) -> tuple[str, dict, str]:
+    """(the cache key, the two forms to time, what they compute)."""
     tensors = [t for t in (query, key, value, attn_mask) if t is not None]
     shapes = ["x".join(str(_hint(n)) for n in t.shape) + "/" + ",".join(str(_hint(s)) for s in t.stride())
               for t in tensors]
@@ -243,9 +280,7 @@ def _measured_attention(query, key, value, attn_mask, is_causal, scale) -> str:
         torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-2, -1)), -1), v)
 
     what = f"attention {' '.join(shapes)}{' masked' if attn_mask is not None else ''}{' causal' if is_causal else ''}"
-    with real_tensors():
-        return library_choice(key_, {"math": math_form, "flash": flash}, what, prefer="flash", margin=FLASH_MARGIN,
-                              otherwise="math")
+    return key_, {"math": math_form, "flash": flash}, what
 
 
 def _random_as(t) -> torch.Tensor:
@@ -269,20 +304,52 @@ CPU_CLAIMS = {
     aten.addmm.default: _claim_addmm,
     aten.mm.default: _claim_mm,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
-    aten.convolution.default: claim_convolution,   # channels-last input (aot/conv_layout.py)
+    aten.convolution.default: claim_convolution,   # channels-last input (cpu/conv_layout.py)
 }
 
 
-def _onednn_reason(args) -> str:
-    post = " with GELU folded in" if len(args) > 3 and args[3] == "gelu" else ""
-    return (f"oneDNN's linear{post}: faster than MKL's mm for this shape on this machine, or pinned "
-            "(MINICOMPILE_CPU_GEMM=mkl uses mm)")
+def stamp_extern_reasons(gm: torch.fx.GraphModule) -> int:
+    """``node.meta["extern_reason"]`` on each op kept whole on purpose (oneDNN's linear, eager's flash
+    attention): why, with the timings that decided it. Lowering runs a stamped node as an extern
+    call and prints the reason. Returns how many it stamped."""
+    stamped = 0
+    for node in gm.graph.nodes:
+        reason = _extern_reason(node) if node.op == "call_function" else None
+        if reason is not None:
+            node.meta["extern_reason"] = reason
+            stamped += 1
+    return stamped
 
 
-EXTERN_ON_PURPOSE = {
-    aten._scaled_dot_product_flash_attention_for_cpu.default: lambda args: (
-        "eager's fused CPU attention streams the scores through cache; for this shape it measured "
-        "faster than the math form on this machine, or is pinned (MINICOMPILE_CPU_ATTENTION=math "
-        "decomposes it)"),
-    torch.ops.mkldnn._linear_pointwise.default: _onednn_reason,
-}
+def _extern_reason(node) -> str | None:
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    if node.target is aten._scaled_dot_product_flash_attention_for_cpu.default:
+        mask = node.kwargs.get("attn_mask")
+        mask = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else mask
+        decision = attention_decision(*vals[:3], mask, *(vals[4:5] or [False]), node.kwargs.get("scale"),
+                                      measure=False) if _all_tensors(vals[:3]) else None
+        return ("eager's fused CPU attention streams the scores through cache: "
+                + _why(decision, "measured faster than the math form for this shape on this machine",
+                       "MINICOMPILE_CPU_ATTENTION=math decomposes it"))
+    if _onednn_available() and node.target is torch.ops.mkldnn._linear_pointwise.default:
+        post = " with GELU folded in" if len(node.args) > 3 and node.args[3] == "gelu" else ""
+        decision = (gemm_decision(vals[0], vals[1].t(), measure=False)
+                    if _all_tensors(vals[:2]) and vals[0].dim() == vals[1].dim() == 2 else None)
+        return (f"oneDNN's linear{post}: "
+                + _why(decision, "measured faster than MKL's mm for this shape on this machine",
+                       "MINICOMPILE_CPU_GEMM=mkl uses mm"))
+    return None
+
+
+def _all_tensors(vals) -> bool:
+    return all(isinstance(v, torch.Tensor) for v in vals)
+
+
+def _why(decision: Decision | None, measured: str, other: str) -> str:
+    if decision is None:
+        return f"the CPU policy's choice (no timing recorded in this process; {other})"
+    if decision.pinned:
+        return f"pinned by {decision.pinned}"
+    if decision.times:
+        return f"{measured} ({decision.timings()}; {other})"
+    return f"{decision.note} ({other})"

@@ -1,0 +1,79 @@
+"""The CPU's performance policy as one value, ``CPU``, which the pipeline hands to the trace.
+
+    claims          CPU_CLAIMS (cpu/claims.py): products as oneDNN's linear or MKL's mm, attention
+                    as eager's flash kernel or our math form, convolutions fed channels-last
+    before_trace    static_inputs: which inputs are parameters or buffers (cpu/prepare.py)
+    around_trace    channels-last where it measured faster (cpu/conv_layout.py); measured_first
+    after_trace     fold_conv_bn, pointwise_convs, fold_gelu, extern_reasons
+    prepare         split_prepared: values from parameters alone, computed once (cpu/prepare.py)
+
+Each measured choice is printed in the ATen graph's header (``# cpu: mm 8x16x32 (row @ column) ->
+onednn (onednn 0.012 ms, mkl 0.015 ms; ...)``); the knobs that pin them are MINICOMPILE_CPU_GEMM,
+MINICOMPILE_CPU_ATTENTION, MINICOMPILE_CONV_LAYOUT and MINICOMPILE_CPU_LIBRARIES (config.py).
+"""
+from __future__ import annotations
+
+from minicompile.aot.policy import AtenPass, DevicePolicy
+from minicompile.cpu.claims import CPU_CLAIMS, fold_gelu_into_onednn_linear, stamp_extern_reasons, use_onednn_linear
+from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear, relayout_active
+from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
+from minicompile.cpu.timing import measured_first, recording
+
+
+def _around_trace(functionalize, gm, ctx):
+    """trace.functionalize with CPU convolutions fed channels-last, its library choices measured
+    before the trace that is kept, never inside make_fx (cpu/timing.measured_first)."""
+    return measured_first(lambda: _channels_last_trace(functionalize, gm, ctx))
+
+
+def _channels_last_trace(functionalize, gm, ctx):
+    """``ctx.choices`` gets what the kept trace chose (a trace retried in NCHW chose its own products)."""
+    attempts = []
+
+    def recorded(gm, ctx):
+        lines = []
+        with recording(lines):
+            traced = functionalize(gm, ctx)
+        attempts.append((traced, lines))
+        return traced
+
+    layout = []
+    with recording(layout):
+        traced = functionalize_channels_last(recorded, gm, ctx)
+    kept = next((lines for t, lines in attempts if t is traced), [])
+    ctx.choices[:] = [*dict.fromkeys([*layout, *kept])]
+    return traced
+
+
+def _pointwise_convs(gm, ctx):
+    """A 1x1 convolution of NHWC pixels runs as a matrix product (oneDNN's linear or mm, by the GEMM
+    choice; cpu/conv_layout.py)."""
+    with recording(ctx.choices):
+        pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear)
+    return gm
+
+
+def _fold_gelu(gm, ctx):
+    """GELU after a oneDNN linear becomes its post-op (cpu/claims.py)."""
+    fold_gelu_into_onednn_linear(gm)
+    return gm
+
+
+def _extern_reasons(gm, ctx):
+    """``node.meta["extern_reason"]`` on oneDNN's linear and eager's flash attention (cpu/claims.py)."""
+    stamp_extern_reasons(gm)
+    return gm
+
+
+CPU = DevicePolicy(
+    "cpu",
+    claims=CPU_CLAIMS,
+    before_trace=(AtenPass("static_inputs", static_inputs),),        # which inputs are parameters/buffers
+    around_trace=_around_trace,                                     # channels-last where it measured faster
+    after_trace=(AtenPass("fold_conv_bn", fold_conv_bn),            # conv * s + t, s and t from parameters
+                 AtenPass("pointwise_convs", _pointwise_convs),     # 1x1 conv of NHWC -> oneDNN linear or mm
+                 AtenPass("fold_gelu", _fold_gelu),                 # GELU into oneDNN's linear
+                 AtenPass("extern_reasons", _extern_reasons)),      # why each vendor call stays whole
+    prepare=(AtenPass("split_prepared", split_prepared),),          # parameter-only values: computed once
+    relayout_active=relayout_active,
+)

@@ -1,0 +1,67 @@
+"""The shipped CPU defaults ("auto" for the GEMM, attention and convolution-layout choices), run
+on a deterministic replay of recorded timings instead of a stopwatch.
+
+tests/conftest.py pins the three choices so that kernel counts do not depend on a timing. Here
+they are "auto" again, and every timing the CPU policy asks for is answered from a table
+(cpu/timing's ``_interleaved_best``; nothing is written to disk): once with the libraries that
+won on the machines measured so far, once with the others, so both outcomes of each choice run
+through the policy's whole path (measured outside make_fx, printed in the ATen header, stamped
+for lowering) and match eager."""
+import importlib.util
+
+import pytest
+import torch
+
+from minicompile.aot.passes import constructed_by
+from minicompile.config import patch
+from minicompile.cpu import timing
+from minicompile.tools.models import MODELS
+from minicompile.tools.workloads import build_train
+from tests.helpers import assert_matches_eager, compile_with_dynamo
+
+REPLAYS = {  # milliseconds per call, by candidate
+    "as measured here": {"onednn": 1.0, "mkl": 2.0, "flash": 1.0, "math": 2.0, "nhwc": 1.0, "nchw": 2.0},
+    "the other way": {"onednn": 2.0, "mkl": 1.0, "flash": 2.0, "math": 1.0, "nhwc": 2.0, "nchw": 1.0},
+}
+
+
+@pytest.fixture(params=list(REPLAYS))
+def replayed(request, monkeypatch):
+    table = REPLAYS[request.param]
+    monkeypatch.setattr(timing, "_library_choices", {})
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)
+    monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: {n: table[n] * 1e-3 for n in candidates})
+    with patch(cpu_gemm="auto", cpu_attention="auto", conv_layout="auto"):
+        yield request.param
+
+
+@pytest.mark.parametrize("name", ["resnet18", "convnext", "vit", "swin", "gpt2"])
+def test_models_match_eager_under_the_shipped_defaults(name, replayed, fresh_dynamo):
+    if MODELS[name].needs and importlib.util.find_spec(MODELS[name].needs) is None:
+        pytest.skip(f"needs {MODELS[name].needs}")
+    model, inputs = MODELS[name].build("tiny")
+    with torch.no_grad():
+        ref = model(*inputs)
+    out, graphs = compile_with_dynamo(model, *inputs)
+    assert_matches_eager(out, ref, atol=1e-4, rtol=1e-4)
+    choices = [line for line in constructed_by(graphs[0].aten_graph).splitlines() if line.startswith("# cpu: ")]
+    assert len(graphs) == 1 and choices                     # the choices made, printed with their timings
+    winners = {name for name, ms in REPLAYS[replayed].items() if ms == 1.0}
+    assert all(line.split(" -> ")[1].split(" ")[0] in winners for line in choices), choices
+
+
+def test_training_matches_eager_under_the_shipped_defaults(replayed, fresh_dynamo):
+    torch.manual_seed(0)
+    model, shape = build_train("gpt2_block", "tiny")
+    x = torch.randn(shape)
+    expected = model(x).sum()
+    expected.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    out, _ = compile_with_dynamo(model, x, grad=True)
+    out.sum().backward()
+    assert_matches_eager(out.sum(), expected.detach(), atol=1e-4, rtol=1e-4)
+    for p, g in zip(model.parameters(), ref):
+        assert_matches_eager(p.grad, g, atol=1e-4, rtol=1e-4)

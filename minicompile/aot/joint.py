@@ -108,6 +108,18 @@ def trace_forward_backward(gm, ctx: JointContext):
     return _trace_channels_last(gm, ctx, ctx.outputs, ctx.grad_inputs, ctx.diff_outputs)
 
 
+def name_inputs(graph, ctx: JointContext):
+    """The joint graph's inputs are named for what they are: primals_1.., tangents_1.. (make_fx
+    called them arg0_1..); the partition's report and both halves use these names."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    for k, node in enumerate(placeholders):
+        name = f"primals_{k + 1}" if k < len(ctx.inputs) else f"tangents_{k - len(ctx.inputs) + 1}"
+        node._rename(name)
+        node.target = node.name
+    graph.recompile()
+    return graph
+
+
 def functionalize_leftover(graph, ctx):
     """Mutating ops the backward formulas leave: traced once more, functionalized (rarely runs)."""
     return _functionalize(graph, ctx) if _mutating_nodes(graph) else graph
@@ -311,4 +323,5 @@ JOINT_PASSES = (
     AtenPass("functionalize_leftover", functionalize_leftover),
     AtenPass("check_joint", check_joint),                  # no mutating op left but the input write-backs
     AtenPass("compress_pool_indices", compress_pool_indices),  # max pooling's indices: int8 offsets to save
+    AtenPass("name_inputs", name_inputs),                  # primals_1.., tangents_1..
 )

@@ -21,7 +21,9 @@ from minicompile.config import CALL_TIME_KNOBS, config, graph_knobs, patch
 from minicompile.cpu import CPU
 from minicompile.cpu.timing import measured_first
 from minicompile.ir.expr import NotSymbolic
-from minicompile.pipeline import CompiledGraph, compile_graph
+from minicompile.pipeline import CompiledGraph, compile_aten, compile_graph
+from minicompile.report import artifacts
+from minicompile.report.highlight import highlight
 from minicompile.runtime import CompilerNotFound, autotune, cache
 from minicompile.runtime.cudagraphs import CUDAGraphRunner
 
@@ -157,6 +159,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         with patch(**knobs):
             joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU))   # no stopwatch in make_fx
             part = partition(joint, config.partitioner)
+            if config.debug >= 2:
+                print(highlight(artifacts.training_text(joint, part, config.debug), "python"), end="")
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
     except TrainingUnsupported as e:
         return _eager_training(gm, str(e))
@@ -166,20 +170,19 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
         if not config.fallback_on_error:
             raise
         return _eager_training(gm, f"compiling it failed ({type(e).__name__}: {e})")
-    if config.debug >= 2:
-        print(f"[minicompile] {graph.report}")
     return graph
 
 
 def _training_compiler(knobs: dict):
-    """Compiles the forward now and the backward on the first backward, under this graph's knobs.
+    """Compiles the forward now and the backward on the first backward, under this graph's knobs:
+    each half is ATen already, so it enters the pipeline after the trace (pipeline.compile_aten).
     Not with the inference channels-last pass (cpu/conv_layout.py): in a forward half it converts
     every call and leaves the backward's convolutions on mixed layouts. The joint trace chose the
     training layout already (aot/conv_layout_train.py), for both halves at once. Nor with prepared
     weights (cpu/prepare.py): the parameters change every step."""
     def compile_part(part_gm, example_inputs):
         with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False}):
-            return compile_graph(part_gm, example_inputs)
+            return compile_aten(part_gm, example_inputs)
     return compile_part
 
 

@@ -1,6 +1,8 @@
 """The compile pipeline, one pass per line: FX graph -> ATen -> loop IR -> kernels -> callable.
 
     aten  = trace(gm, example_inputs, CPU)   aot/ + decomp/ + the CPU's policy (cpu/), fake tensors only
+                                             (compile_aten: a graph that is ATen already, e.g. a half of
+                                             the joint graph, starts after the trace: after_trace_passes)
     be    = pick_backend(aten)               codegen/: C++ on CPU, Triton on CUDA
     loops = lower(aten, row_scratch)         lowering/ -> ir.LoopGraph (see lower() for row_scratch)
     plan  = schedule(loops, be.caps)         scheduler/
@@ -22,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
-from minicompile.aot.passes import compile_passes, trace_inference
+from minicompile.aot.passes import compile_passes, prepare_aten, trace_inference, traced_as
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
@@ -58,6 +60,7 @@ class CompiledGraph:
     code: Any = None            # the generated Code and the loaded kernels: MINICOMPILE_CHECK reruns
     lib: Any = None             # them step by step (testing/check.py)
     check: Any = None           # MINICOMPILE_CHECK=1: a DifferentialCheck every call goes through
+    title: str | None = None    # what the graph is when it was not captured ("forward half of the joint graph")
 
     @property
     def kernel_args(self) -> dict:
@@ -129,10 +132,28 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
         return _compile_graph(gm, example_inputs)
 
 
-def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
+def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
+    """compile_graph for a graph that is functional ATen already, traced by us with its
+    ``meta["val"]`` on every node (a half of the joint graph, aot/partition.py): it starts at the
+    passes after the trace (after_trace_passes: lift, restride, the CPU folds, ...), so node names
+    and source lines stay as they are. ``aten_gm.meta["title"]`` says what the graph is (the
+    partition's "forward half of the joint graph"), for MINICOMPILE_DEBUG.
+
+    Inputs laid out otherwise than the graph was traced with (in a dimension larger than 1) are
+    traced again (compile_graph): the decompositions and CPU claims the trace chose depend on the
+    layouts, and are chosen anew for the inputs' own."""
+    title = aten_gm.meta.get("title", "ATen graph (compiled by compile_aten)")
+    with kept_global_state():
+        if not traced_as(aten_gm, example_inputs):
+            return _compile_graph(aten_gm, example_inputs, title=title)
+        return _compile_graph(aten_gm, example_inputs, _prepare_aten, "aten passes", title)
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",
+                   title: str | None = None) -> CompiledGraph:
     t = StageTimer()
     out_spec = _output_spec(gm)
-    aten = t("trace", _trace, gm, list(example_inputs))            # aot/ + decomp/, with the CPU's policy
+    aten = t(stage, to_aten or _trace, gm, list(example_inputs))   # aot/ + decomp/, with the CPU's policy
     be = BACKENDS[_pick_backend(aten)]
     loops = t("lower", lower, aten, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
@@ -140,11 +161,15 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGr
     lib = t("build", be.load, code.kernels)                         # runtime/
     run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
     compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
-                             out_spec, t.timings, aten.meta["lifted"], code, lib)
+                             out_spec, t.timings, aten.meta["lifted"], code, lib, title=title)
     if config.check:
         compiled.check = DifferentialCheck(gm, compiled)
     _debug_dump(compiled, gm)
     return compiled
+
+
+def _prepare_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+    return prepare_aten(aten_gm, example_inputs, CPU)
 
 
 def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
@@ -203,5 +228,5 @@ def _debug_dump(compiled: CompiledGraph, gm: torch.fx.GraphModule) -> None:
     for name in artifacts.debug_stages(level):
         stage = artifacts.STAGES[name]
         _, language = artifacts.stage_file(stage, compiled)
-        print(artifacts.banner(f"[minicompile] {stage.title}"))
+        print(artifacts.banner(f"[minicompile] {artifacts.stage_title(stage, compiled)}"))
         print(highlight(stage.render(gm, compiled), language), end="")

@@ -191,19 +191,19 @@ def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backwar
     import minicompile.backend as backend_module
     from minicompile.config import patch
 
-    compile_graph, calls = backend_module.compile_graph, []
+    compile_aten, calls = backend_module.compile_aten, []
 
     def forward_then_failing_backward(gm, example_inputs):
         calls.append(gm)
         if len(calls) > 1 and (backward_fails == "always" or _other_layouts(gm, example_inputs)):
             raise RuntimeError("backward compile forced to fail")
-        compiled = compile_graph(gm, example_inputs)
+        compiled = compile_aten(gm, example_inputs)
         if saved_layout == "as compiled" or len(calls) > 1:
             return compiled
         return lambda *args: [o.contiguous() if isinstance(o, torch.Tensor) and o.dim() == 4 else o
                               for o in compiled(*args)]
 
-    monkeypatch.setattr(backend_module, "compile_graph", forward_then_failing_backward)
+    monkeypatch.setattr(backend_module, "compile_aten", forward_then_failing_backward)
     torch.manual_seed(0)
     model, x = ConvTokens(), torch.randn(2, 3, 8, 8)
     eager = copy.deepcopy(model)

@@ -19,6 +19,7 @@ from minicompile.aot.joint import trace_joint
 from minicompile.aot.partition import MAX_RECOMPUTE_DEPTH, partition
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.config import patch
+from minicompile.cpu import CPU
 from minicompile.decomp import CORE_OPS, EXTERN_COMPUTE_OPS
 from minicompile.tools.workloads import Block
 from tests.helpers import Recorder, assert_matches_eager
@@ -90,7 +91,7 @@ def _joint_of(model, x):
     rec = []
 
     def grab(gm, example_inputs):
-        rec.append(trace_joint(gm, list(example_inputs)))
+        rec.append(trace_joint(gm, list(example_inputs), CPU))
         return gm.forward
     torch._dynamo.reset()
     torch.compile(model, backend=grab)(x)

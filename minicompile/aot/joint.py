@@ -1,12 +1,13 @@
 """The joint trace: a captured forward graph -> one ATen graph of forward and backward.
 
-    joint = trace_joint(gm, example_inputs)
+    joint = trace_joint(gm, example_inputs)          JOINT_PASSES, run and stamped by aot/runner.py
     joint.graph: (*primals, *tangents) -> (*outputs, *grads)
 
 make_fx runs "the forward, then ``torch.autograd.grad`` of its differentiable outputs with
 tangent inputs" on fake tensors with our decomposition table, so autograd's backward formulas (``threshold_backward``, ``native_layer_norm_backward``, ...) decompose
 into core ops (decomp/backward.py) and fuse like forward ones. ``grads[k]`` is the gradient
-of primal ``grad_inputs[k]`` (None where no output depends on it).
+of primal ``grad_inputs[k]`` (None where no output depends on it). Each backward node carries
+the source line of the forward node it differentiates (aot/backward_sources.py).
 
 The result is functional, as the inference trace is, but not through torch.func.functionalize:
 its wrappers hide ``requires_grad`` from autograd inside the transform. In-place ops on
@@ -32,7 +33,7 @@ and data-dependent sizes in the joint graph.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -44,9 +45,12 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, S
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
+from minicompile.aot.fake import make_fx_aten, real_constants_allowed, to_fake, tracing
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
-from minicompile.aot.layout_readers import LayoutCheckingInterpreter
+from minicompile.aot.backward_sources import SourceInterpreter, backward_sources
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
+from minicompile.aot.pool_offsets import compress_pool_indices
+from minicompile.aot.runner import AtenPass, run_passes
 
 aten = torch.ops.aten
 
@@ -64,38 +68,64 @@ class JointGraph:
     diff_outputs: tuple            # positions of the outputs that take a tangent (differentiable)
 
 
-# The ATen passes after the joint make_fx (aot/trace.py), as for inference.
-_AFTER_TRACE = (trace.leftover_inplace, trace.dce, trace.input_meta, trace.check_meta)
+@dataclass
+class JointContext(trace.PassContext):
+    """The pass context (aot/trace.py) and what the joint trace learns on the way."""
+    outputs: list = field(default_factory=list)    # the forward's outputs, fake
+    grad_inputs: tuple = ()
+    diff_outputs: tuple = ()
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> JointGraph:
-    """Trace ``gm`` with its backward (``policy``'s claims layered on the decompositions, aot/policy.py);
-    raises TrainingUnsupported for graphs that must run eagerly."""
+    """Trace ``gm`` with its backward (``policy``'s claims layered on the decompositions,
+    aot/policy.py); raises TrainingUnsupported for graphs that must run eagerly. The joint graph is
+    stamped with JOINT_PASSES and their times (aot/runner.py)."""
     _check_graph(gm)
-    gm = trace.custom_ops(gm, None)
-    ctx = trace.PassContext(list(example_inputs), policy=policy)
+    ctx = JointContext(list(example_inputs), policy=policy)
+    graph = run_passes(gm, ctx, JOINT_PASSES, "trace_joint")
+    graph.meta["choices"] = ctx.choices
+    return JointGraph(graph, len(ctx.inputs), len(ctx.outputs), ctx.grad_inputs, ctx.diff_outputs)
+
+
+def fake_forward(gm, ctx: JointContext):
+    """The forward on fake tensors: its outputs, which of them take a tangent, and the refusals
+    it reveals (mutation of an input that requires grad, outputs aliasing inputs)."""
     ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
-    primals = [trace._to_fake(ctx.fake_mode, x) for x in ctx.inputs]
-    outputs = _fake_forward(gm, primals, ctx.fake_mode)
-    grad_inputs = tuple(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad)
-    diff_outputs = tuple(i for i, o in enumerate(outputs)
-                         if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point)
-    if not diff_outputs:
+    primals = [to_fake(ctx.fake_mode, x) for x in ctx.inputs]
+    ctx.outputs = _fake_forward(gm, primals, ctx.fake_mode)
+    ctx.grad_inputs = tuple(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad)
+    ctx.diff_outputs = tuple(i for i, o in enumerate(ctx.outputs)
+                             if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point)
+    if not ctx.diff_outputs:
         raise TrainingUnsupported("no output depends on an input that requires grad")
     with ctx.fake_mode:
-        tangents = [torch.empty(outputs[i].shape, dtype=outputs[i].dtype, device=outputs[i].device)
-                    for i in diff_outputs]
+        tangents = [torch.empty(ctx.outputs[i].shape, dtype=ctx.outputs[i].dtype, device=ctx.outputs[i].device)
+                    for i in ctx.diff_outputs]
     ctx.fake_inputs = primals + tangents
-    graph = _trace_channels_last(gm, ctx, outputs, grad_inputs, diff_outputs)
-    _check_static(graph)
-    _drop_detach(graph)
-    _functionalize_input_mutations(graph)
-    for run in _AFTER_TRACE:
-        graph = run(graph, ctx)
-    if _mutating_nodes(graph):
-        graph = _functionalize(graph, ctx)
-    _check_joint(graph)
-    return JointGraph(graph, len(primals), len(outputs), grad_inputs, diff_outputs)
+    return gm
+
+
+def trace_forward_backward(gm, ctx: JointContext):
+    """make_fx of "the forward, then torch.autograd.grad" -> the joint graph (channels-last
+    convolutions where that layout holds, aot/conv_layout_train.py)."""
+    return _trace_channels_last(gm, ctx, ctx.outputs, ctx.grad_inputs, ctx.diff_outputs)
+
+
+def name_inputs(graph, ctx: JointContext):
+    """The joint graph's inputs are named for what they are: primals_1.., tangents_1.. (make_fx
+    called them arg0_1..); the partition's report and both halves use these names."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    for k, node in enumerate(placeholders):
+        name = f"primals_{k + 1}" if k < len(ctx.inputs) else f"tangents_{k - len(ctx.inputs) + 1}"
+        node._rename(name)
+        node.target = node.name
+    graph.recompile()
+    return graph
+
+
+def functionalize_leftover(graph, ctx):
+    """Mutating ops the backward formulas leave: traced once more, functionalized (rarely runs)."""
+    return _functionalize(graph, ctx) if _mutating_nodes(graph) else graph
 
 
 def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple):
@@ -112,9 +142,9 @@ def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_
 
 
 def _trace(joint_fn, ctx):
-    with torch.enable_grad(), trace._real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
+    with torch.enable_grad(), real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
         try:
-            return trace._make_fx(joint_fn, ctx)
+            return make_fx_aten(joint_fn, ctx, trace.trace_table(ctx.policy.claims))
         except GuardOnDataDependentSymNode as e:
             raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
 
@@ -127,13 +157,15 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
         primals = args[:num_primals]
         with mode if mode is not None else contextlib.nullcontext():
             changed_layouts = lambda: mode is not None and mode.claimed > 0  # noqa: E731
-            outputs = pytree.tree_leaves(LayoutCheckingInterpreter(gm, changed_layouts).run(*primals))
+            run = SourceInterpreter(gm, changed_layouts)
+            outputs = pytree.tree_leaves(run.run(*primals))
         tangents = list(args[num_primals:])
         if mode is not None and mode.claimed:
             tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])
             outputs = restore_outputs(outputs, eager_outputs)
-        grads = torch.autograd.grad([outputs[i] for i in diff_outputs], [primals[i] for i in grad_inputs],
-                                    tangents, allow_unused=True)
+        with backward_sources(run, outputs):   # backward nodes get their forward node's source line
+            grads = torch.autograd.grad([outputs[i] for i in diff_outputs], [primals[i] for i in grad_inputs],
+                                        tangents, allow_unused=True)
         if mode is not None and mode.claimed:
             grads = restore_grads(grads, [primals[i] for i in grad_inputs])
         return (*outputs, *grads)
@@ -143,7 +175,7 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
 def _fake_forward(gm, primals: list, fake_mode) -> list:
     """Run the forward on fake tensors: its outputs' metadata, and the refusals it reveals."""
     versions = [p._version if isinstance(p, torch.Tensor) else None for p in primals]
-    with torch.enable_grad(), fake_mode, trace._real_constants_allowed(fake_mode):
+    with torch.enable_grad(), fake_mode, real_constants_allowed(fake_mode):
         outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
     if any(isinstance(p, torch.Tensor) and p._version != v and p.requires_grad for p, v in zip(primals, versions)):
         raise TrainingUnsupported("the graph mutates an input that requires grad")
@@ -179,15 +211,16 @@ def _check_graph(gm: torch.fx.GraphModule) -> None:
                 raise TrainingUnsupported(f"tensor attribute {node.target} requires grad (it is not a graph input)")
 
 
-def _check_joint(graph: torch.fx.GraphModule) -> None:
+def check_joint(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     for node in graph.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         if node.target._schema.is_mutable and not is_input_write(node):
             raise TrainingUnsupported(f"in-place op {node.target} in the forward or backward graph")
+    return graph
 
 
-def _check_static(graph: torch.fx.GraphModule) -> None:
+def check_static(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     """A data-dependent size (index_put with a boolean mask: its backward indexes by the mask's
     nonzero positions) cannot be compiled statically; Dynamo graph-breaks at such ops in the
     forward, but the backward formula is ours to trace."""
@@ -195,6 +228,7 @@ def _check_static(graph: torch.fx.GraphModule) -> None:
         for v in pytree.tree_leaves(node.meta.get("val")):
             if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
                 raise TrainingUnsupported(f"{node.target} has a data-dependent shape in the joint graph")
+    return graph
 
 
 def _mutating_nodes(graph: torch.fx.GraphModule) -> list:
@@ -208,20 +242,21 @@ def _functionalize(graph: torch.fx.GraphModule, ctx) -> torch.fx.GraphModule:
     ``narrow`` of its result with ``mul_``) become functional ops: the joint graph is plain ATen
     with explicit gradients now, so torch.func.functionalize can trace it without autograd."""
     run = torch.func.functionalize(torch.fx.Interpreter(graph).run, remove="mutations")
-    with trace._tracing(ctx):
-        graph = trace._make_fx(run, ctx)
-    for run_pass in _AFTER_TRACE:
-        graph = run_pass(graph, ctx)
+    with tracing(ctx):
+        graph = make_fx_aten(run, ctx, trace.trace_table(ctx.policy.claims))
+    for p in _AFTER_TRACE:
+        graph = p.run(graph, ctx)
     return graph
 
 
-def _drop_detach(graph: torch.fx.GraphModule) -> None:
+def drop_detach(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     """Autograd's saved-value ``detach`` calls mean nothing in a graph without autograd."""
     for node in list(graph.graph.nodes):
         if node.op == "call_function" and node.target is aten.detach.default:
             node.replace_all_uses_with(node.args[0])
             graph.graph.erase_node(node)
     graph.recompile()
+    return graph
 
 
 def is_input_write(node: torch.fx.Node) -> bool:
@@ -229,7 +264,7 @@ def is_input_write(node: torch.fx.Node) -> bool:
     return node.target is aten.copy_.default and node.args[0].op == "placeholder"
 
 
-def _functionalize_input_mutations(graph: torch.fx.GraphModule) -> None:
+def input_mutations(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     """``x.add_(1)`` (or ``copy_(x, v)``) on an input -> ``y = x + 1``; later readers of x read y;
     one ``copy_(x, y)`` before the output. Inputs that require grad were refused already."""
     latest = {}
@@ -246,6 +281,7 @@ def _functionalize_input_mutations(graph: torch.fx.GraphModule) -> None:
         if mutated is not None:
             latest[mutated] = _out_of_place(graph, node, mutated)
     graph.recompile()
+    return graph
 
 
 def _mutated_input(node: torch.fx.Node):
@@ -273,3 +309,22 @@ def _out_of_place(graph: torch.fx.GraphModule, node: torch.fx.Node, mutated: tor
     node.replace_all_uses_with(value)
     graph.graph.erase_node(node)
     return value
+
+
+# The ATen passes after the joint make_fx that the inference trace runs too (aot/trace.py).
+_AFTER_TRACE = (AtenPass("leftover_inplace", trace.leftover_inplace), AtenPass("dce", trace.dce),
+                AtenPass("input_meta", trace.input_meta), AtenPass("check_meta", trace.check_meta))
+
+JOINT_PASSES = (
+    AtenPass("custom_ops", trace.custom_ops),              # the captured graph: mutating custom ops -> functional
+    AtenPass("fake_forward", fake_forward),                # outputs, tangents; refusals
+    AtenPass("trace", trace_forward_backward),             # make_fx: forward + autograd.grad -> joint graph
+    AtenPass("check_static", check_static),                # no data-dependent sizes
+    AtenPass("drop_detach", drop_detach),                  # autograd's saved-value detach
+    AtenPass("input_mutations", input_mutations),          # in-place ops on inputs -> out of place + copy_
+    *_AFTER_TRACE,
+    AtenPass("functionalize_leftover", functionalize_leftover),
+    AtenPass("check_joint", check_joint),                  # no mutating op left but the input write-backs
+    AtenPass("compress_pool_indices", compress_pool_indices),  # max pooling's indices: int8 offsets to save
+    AtenPass("name_inputs", name_inputs),                  # primals_1.., tangents_1..
+)

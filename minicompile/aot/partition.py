@@ -14,11 +14,15 @@ copies, creation) may be recomputed, in chains of at most MAX_RECOMPUTE_DEPTH op
 convolutions, reductions, random ops and externs are always computed once, in the forward.
 The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go to the forward
 graph, so BatchNorm's running statistics are updated once per forward, as eager does.
-Max pooling's int64 indices are first rewritten so that one byte per output is what there is
-to save (aot/pool_offsets.py).
+(Max pooling's int64 indices were rewritten by the joint trace's last pass, so that one byte per
+output is what there is to save: aot/pool_offsets.py.) The partitioner does not rewrite the
+joint graph: the halves are copies of its nodes, with their names and meta (source lines), and
+each is stamped with the joint graph's passes plus ``partition, forward half`` (or backward):
+the chooser's time and the split's; ``meta["title"]`` says which half it is.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -26,7 +30,7 @@ import torch
 import torch.fx
 
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
-from minicompile.aot.pool_offsets import compress_pool_indices
+from minicompile.aot.runner import stamp
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
 
 # The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
@@ -77,11 +81,17 @@ class Partition:
 def partition(joint: JointGraph, mode: str = "min_cut") -> Partition:
     if mode not in CHOOSERS:
         raise ValueError(f"minicompile: unknown partitioner {mode!r}; choose one of {sorted(CHOOSERS)}")
-    compress_pool_indices(joint.graph)   # max pooling's indices: int8 window offsets to save
+    t0 = time.perf_counter()
     view = JointView(joint)
     in_backward = CHOOSERS[mode](view)
     full = view.boundary(view.tangent_dependent)
-    return view.split(in_backward, PartitionReport(mode, save_all_bytes=sum(nbytes(n) for n in full)))
+    t1 = time.perf_counter()
+    part = view.split(in_backward, PartitionReport(mode, save_all_bytes=sum(nbytes(n) for n in full)))
+    steps = [(mode, t1 - t0), ("split", time.perf_counter() - t1)]
+    for half, gm in (("forward half", part.forward), ("backward half", part.backward)):
+        stamp(gm, joint.graph.meta.get("constructed_by", []), f"partition, {half}", steps)
+        gm.meta["title"] = f"{half} of the joint graph"   # what MINICOMPILE_DEBUG calls it
+    return part
 
 
 class JointView:

@@ -1,24 +1,27 @@
-"""The ATen-graph passes, in order, and the runner that times each and stamps the result.
+"""The ATen-graph passes, in order.
 
     aten_gm = trace_inference(gm, example_inputs)                        aten_passes(): device-neutral
     aten_gm = trace_inference(gm, example_inputs, compile_passes(CPU), CPU)   the pipeline's list
+    aten_gm = prepare_aten(aten_gm, example_inputs, CPU)                 after_trace_passes(CPU), for a
+                                                                         graph that is ATen already
+                                                                         (a half of the joint graph)
 
-Each pass is ``(gm, ctx) -> gm`` (aot/trace.py); a backend's policy (aot/policy.py, the CPU's in
-cpu/) adds its claims and passes at fixed places. The result carries, as thunder's traces do,
-which passes constructed it and how long each took: ``gm.meta["constructed_by"]`` is a list
-of (pass name, seconds), printed as a header on the ATen graph (``constructed_by``) with the
-choices the policy measured (``gm.meta["choices"]``, one line each), and
+Each pass is ``(gm, ctx) -> gm`` (aot/trace.py), run by the one runner (aot/runner.py), which
+stamps the result with the passes that constructed it and their times; a backend's policy
+(aot/policy.py, the CPU's in cpu/) adds its claims and passes at fixed places and records the
+choices it measured (``gm.meta["choices"]``). Both print as the ATen graph's header.
 ``gm.meta["lifted"]`` holds the tensor attributes ``lift`` made inputs, ``gm.meta["prepared"]``
 (after the CPU's ``split_prepared``) the cached preparation of its trailing inputs (cpu/prepare.py).
 """
 from __future__ import annotations
 
-import time
-
 import torch
+from torch._guards import detect_fake_mode
 
 from minicompile.aot import trace
-from minicompile.aot.policy import NEUTRAL, AtenPass, DevicePolicy
+from minicompile.aot.fake import refake_from, to_fake
+from minicompile.aot.policy import NEUTRAL, DevicePolicy
+from minicompile.aot.runner import AtenPass, constructed_by, run_passes  # noqa: F401 (constructed_by: re-exported)
 
 
 def _functionalize(gm, ctx):
@@ -65,24 +68,72 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, passes=None,
     Runs without autograd: only call it when no gradients are needed.
     """
     ctx = trace.PassContext(list(example_inputs), policy=policy)
-    stamps = []
-    for p in aten_passes(policy) if passes is None else passes:
-        t0 = time.perf_counter()
-        gm = p.run(gm, ctx)
-        stamps.append((p.name, time.perf_counter() - t0))
-    gm.meta["constructed_by"] = stamps
+    gm = run_passes(gm, ctx, aten_passes(policy) if passes is None else passes, "trace_inference")
     gm.meta["lifted"] = ctx.lifted
     gm.meta["choices"] = ctx.choices
     return gm
 
 
-def constructed_by(gm: torch.fx.GraphModule) -> str:
-    """``# Constructed by trace_inference: lift 0.1 ms, functionalize 80.2 ms, ... (88 ms)``, then one
-    line per measured choice (``# cpu: mm 8x16x32 -> onednn 0.012 ms, mkl 0.015 ms``)."""
-    stamps = gm.meta.get("constructed_by")
-    if not stamps:
-        return ""
-    total = sum(s for _, s in stamps) * 1000
-    passes = ", ".join(f"{name} {s * 1000:.1f} ms" for name, s in stamps)
-    choices = "".join(f"# {line}\n" for line in gm.meta.get("choices", ()))
-    return f"# Constructed by trace_inference: {passes} ({total:.0f} ms)\n{choices}"
+# -- graphs that are functional ATen already ------------------------------------------------------
+
+def aten_inputs(gm, ctx):
+    """The fake inputs of a graph that is ATen already: its placeholders' ``meta["val"]``, the
+    fake tensors it was traced with. An input laid out differently only in dimensions of size 1
+    (their strides mean nothing) gets its own layout, and the fake values downstream follow
+    (``prepare_aten`` is called only for inputs laid out as traced, up to that)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ctx.fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders]) or detect_fake_mode(ctx.inputs)
+    changed = set()
+    for node, x in zip(placeholders, ctx.inputs):
+        traced = node.meta.get("val")
+        if traced is None or (isinstance(x, torch.Tensor) and x.stride() != traced.stride()):
+            node.meta["val"] = to_fake(ctx.fake_mode, x)
+            changed.add(node)
+    if changed:
+        refake_from(gm, ctx.fake_mode, changed)
+    ctx.fake_inputs = [n.meta.get("val") for n in placeholders]
+    return gm
+
+
+def traced_as(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Each tensor input has the size, dtype and strides ``gm`` was traced with, strides compared
+    only in dimensions larger than 1."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, x in zip(placeholders, example_inputs):
+        t = node.meta.get("val")
+        if isinstance(x, torch.Tensor) and not (
+                isinstance(t, torch.Tensor) and x.shape == t.shape and x.dtype == t.dtype
+                and all(a == b for a, b, n in zip(x.stride(), t.stride(), x.shape) if n > 1)):
+            return False
+    return True
+
+
+def after_trace_passes(policy: DevicePolicy = NEUTRAL) -> tuple:
+    """The passes after tracing (everything after dce in ``aten_passes(policy)``), for graphs that
+    are functional ATen already: what the inference trace would have added, without tracing again."""
+    passes = aten_passes(policy)
+    traced = [p.name for p in passes].index("dce") + 1
+    return (AtenPass("lift", trace.lift),
+            AtenPass("aten_inputs", aten_inputs),            # fake inputs: the graph's own
+            *policy.before_trace, *passes[traced:], *policy.prepare)
+
+
+def prepare_aten(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> torch.fx.GraphModule:
+    """A functional ATen graph (a half of the joint graph) -> the pipeline's ATen graph: the passes
+    tracing would have run after make_fx. ``gm`` is not changed (the passes work on a copy)."""
+    copy = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
+    copy.meta.update(gm.meta)
+    ctx = trace.PassContext(list(example_inputs), policy=policy)
+    copy = run_passes(copy, ctx, after_trace_passes(policy), "compile_aten")
+    copy.meta["lifted"] = ctx.lifted
+    copy.meta["choices"] = [*gm.meta.get("choices", ()), *ctx.choices]
+    return copy
+
+
+def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """The nodes copied, each with its own (shallow) copy of its meta."""
+    new = torch.fx.Graph()
+    env: dict = {}
+    for node in graph.nodes:
+        env[node] = new.node_copy(node, lambda a: env[a])
+    return new

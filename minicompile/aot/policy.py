@@ -18,18 +18,14 @@ The CPU's is ``minicompile.cpu.CPU``; ``NEUTRAL`` adds nothing.
                     aot/layout_readers.py)
 
 A pass records each choice it measured as a line in ``ctx.choices``; the ATen graph prints them
-in its header (aot/passes.py ``constructed_by``).
+in its header (aot/runner.py ``constructed_by``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-
-@dataclass(frozen=True)
-class AtenPass:
-    name: str
-    run: Callable   # (gm, PassContext) -> gm
+from minicompile.aot.runner import AtenPass  # noqa: F401 (a policy's passes; re-exported for cpu/)
 
 
 @dataclass(frozen=True)

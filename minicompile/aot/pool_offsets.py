@@ -4,7 +4,7 @@
 input it took; its backward scatters the gradient there. Saved as they are, the indices cost
 8 bytes per output: SmallCNN's 2 x 2 pool over 32 x 32 x 32 x 32 saved 2 MiB of them, more
 than the activation it pools. Which element of a window won fits in one byte (``kh * kw <=
-127``), so this pass rewrites the joint graph before the partitioner runs:
+127``), so this pass, the joint graph's last (aot/joint.py), rewrites it before the partitioner runs:
 
     d      = idx - base             base[oh, ow] = (oh * sh - ph) * W + (ow * sw - pw), the window's
     offset = d + (d // W) * (kw - W)                 first element (d = dh * W + dw, 0 <= dw < kw)
@@ -27,12 +27,14 @@ aten = torch.ops.aten
 MAX_WINDOW = 127   # int8
 
 
-def compress_pool_indices(gm: torch.fx.GraphModule) -> None:
-    """Rewrite each eligible pool's index chain in place (see the module docstring)."""
+def compress_pool_indices(gm: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
+    """Rewrite each eligible pool's index chain in place (see the module docstring); a joint pass
+    (aot/joint.py JOINT_PASSES)."""
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is aten.max_pool2d_with_indices.default:
             _rewrite(gm.graph, node)
     gm.recompile()
+    return gm
 
 
 def _window(node):

@@ -4,8 +4,8 @@
     outputs = graph(*inputs)          # compiled forward; autograd records one node
     loss.backward()                   # that node runs the compiled backward
 
-``compile_fn(gm, example_inputs)`` is the pipeline's compiler (the caller passes it, so aot/
-never imports the pipeline). The forward is compiled at once; the backward on the first
+``compile_fn(gm, example_inputs)`` is the pipeline's compiler for ATen graphs
+(``pipeline.compile_aten``; the caller passes it, so aot/ never imports the pipeline). The forward is compiled at once; the backward on the first
 backward call, with the saved tensors the forward really produced (their strides included);
 if that compile fails, it is compiled for the layouts it was traced with, and if that fails too
 its ATen graph runs eagerly (config.fallback_on_error), on inputs copied into those layouts.

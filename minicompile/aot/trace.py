@@ -19,18 +19,17 @@ ops, or a python/Sym int for int inputs).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-import torch.fx.traceback
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
 from minicompile.aot.custom_ops import functionalize_custom_ops
+from minicompile.aot.fake import is_symbolic, make_fx_aten, to_fake, tracing
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 from minicompile.aot.lift import lift_attributes
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
@@ -72,10 +71,10 @@ def functionalize(gm, ctx: PassContext):
     Dynamo's), python ints or SymInts; runs without autograd.
     """
     ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
-    ctx.fake_inputs = [_to_fake(ctx.fake_mode, x) for x in ctx.inputs]
-    ctx.symbolic = any(_is_symbolic(x) for x in ctx.fake_inputs)
+    ctx.fake_inputs = [to_fake(ctx.fake_mode, x) for x in ctx.inputs]
+    ctx.symbolic = any(is_symbolic(x) for x in ctx.fake_inputs)
 
-    with _tracing(ctx):
+    with tracing(ctx):
         if _runs_functorch_transforms(gm):
             gm = _without_functorch_transforms(gm, ctx)
 
@@ -176,7 +175,7 @@ def leftover_inplace(gm, ctx: PassContext):
     if not any(op in DECOMPOSITIONS for op in rewritten):
         return gm
     # e.g. masked_fill_ became masked_fill, which decomposes to where: trace again.
-    with _tracing(ctx):
+    with tracing(ctx):
         return _make_fx(torch.fx.Interpreter(gm).run, ctx)
 
 
@@ -207,12 +206,6 @@ def alias_outputs(gm, ctx: PassContext):
     return gm
 
 
-@contextlib.contextmanager
-def _tracing(ctx: PassContext):
-    with torch.no_grad(), _real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
-        yield
-
-
 def trace_table(claims: dict) -> dict:
     """Our decomposition table with a backend's claims layered on (aot/policy.py).
 
@@ -235,44 +228,8 @@ def _claimed(op, claim):
     return decompose
 
 
-@contextlib.contextmanager
-def _real_constants_allowed(fake_mode: FakeTensorMode):
-    """Let real tensors held by gm (parameters, buffers, constants) meet fake inputs.
-
-    make_fx records them as get_attr nodes; the flag is restored afterwards because the
-    fake mode may be Dynamo's.
-    """
-    saved = fake_mode.allow_non_fake_inputs
-    fake_mode.allow_non_fake_inputs = True
-    try:
-        yield
-    finally:
-        fake_mode.allow_non_fake_inputs = saved
-
-
 def _make_fx(fn, ctx: PassContext) -> torch.fx.GraphModule:
-    # "symbolic" reuses the inputs' ShapeEnv and turns on the Python dispatcher, which
-    # some decompositions of dynamic shapes need; with static inputs "fake" is enough.
-    return make_fx(
-        fn,
-        decomposition_table=trace_table(ctx.policy.claims),
-        tracing_mode="symbolic" if ctx.symbolic else "fake",
-    )(*ctx.fake_inputs)
-
-
-def _to_fake(fake_mode: FakeTensorMode, x):
-    if isinstance(x, FakeTensor) or not isinstance(x, torch.Tensor):
-        return x
-    # A real tensor keeps its exact sizes and strides: the caller specialised on them.
-    return fake_mode.from_tensor(x, static_shapes=True)
-
-
-def _is_symbolic(x) -> bool:
-    if isinstance(x, torch.SymInt):
-        return True
-    if isinstance(x, torch.Tensor):
-        return any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride()))
-    return False
+    return make_fx_aten(fn, ctx, trace_table(ctx.policy.claims))
 
 
 def _functionalize_leftover_inplace(gm: torch.fx.GraphModule) -> list:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from minicompile.aot.passes import constructed_by
+from minicompile.aot.runner import constructed_by
 
 aten = torch.ops.aten
 
@@ -45,6 +45,26 @@ def aten_graph_text(compiled) -> str:
     # make_fx names the class after the traced callable, often "<lambda>".
     text = re.sub(r"^class <lambda>\(", "class AtenGraph(", text).rstrip() + "\n"
     return constructed_by(compiled.aten_graph) + text
+
+
+def joint_graph_text(joint) -> str:
+    """The joint forward/backward graph (aot/joint.py), headed by its passes and its signature."""
+    text = joint.graph.print_readable(print_output=False)
+    text = re.sub(r"^class [^(]+\(", "class JointGraph(", text).rstrip() + "\n"
+    grads = len(joint.grad_inputs)
+    signature = (f"# (*primals, *tangents) -> (*outputs, *grads): {joint.num_primals} primal(s), "
+                 f"{len(joint.diff_outputs)} tangent(s), {joint.num_outputs} output(s), {grads} gradient(s)\n")
+    return constructed_by(joint.graph) + signature + text
+
+
+def training_text(joint, part, level: int) -> str:
+    """MINICOMPILE_DEBUG for a training graph, before its halves compile: the joint graph (level 3)
+    and the partition (level 2: what the forward saves for the backward, what backward recomputes)."""
+    out = ""
+    if level >= 3:
+        out += banner("[minicompile] joint graph (forward and backward, ATen)") + "\n" + joint_graph_text(joint)
+        out += banner(f"[minicompile] partition ({part.report.mode})") + "\n"
+    return out + f"[minicompile] {part.report}\n"
 
 
 def loop_ir_text(compiled) -> str:
@@ -122,6 +142,14 @@ def stage_file(stage: ReportStage, compiled) -> tuple[str, str | None]:
     if stage.name == "kernels" and compiled is not None:
         return _KERNEL_SUFFIX.get(compiled.backend, ("kernels.txt", None))
     return stage.filename, stage.language
+
+
+def stage_title(stage: ReportStage, compiled) -> str:
+    """The stage's title; a graph that was not captured (a half of the joint graph, compiled by
+    ``compile_aten``) is titled by what it is."""
+    if stage.name == "graph" and getattr(compiled, "title", None):
+        return compiled.title
+    return stage.title
 
 
 STAGES = {s.name: s for s in [

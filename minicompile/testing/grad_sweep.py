@@ -5,7 +5,7 @@ samples (inputs requiring grad, as the OpInfo makes them) are batched into one f
 forward sweep does (opinfo_sweep.build_function). That function is the one node of an FX graph,
 which goes through the training path of ``torch.compile(..., backend="minicompile")``: the joint
 trace (aot/joint.py), the partitioner (config.partitioner) and the training runtime, with the
-forward and backward graphs compiled by ``compile_graph``. The compiled and the eager function
+forward and backward graphs compiled by ``compile_aten``. The compiled and the eager function
 then run on copies of the same inputs; their outputs are compared, then the gradients of every
 input that requires grad under the same random cotangents (``torch.autograd.grad`` of all
 differentiable outputs).
@@ -47,7 +47,9 @@ from minicompile.aot.partition import partition
 from minicompile.aot.runtime import TrainingGraph
 from minicompile.backend import compile_training
 from minicompile.config import config, patch
-from minicompile.pipeline import compile_graph
+from minicompile.cpu import CPU
+from minicompile.cpu.timing import measured_first
+from minicompile.pipeline import compile_aten
 from minicompile.testing import opinfo_sweep as sweep
 from minicompile.testing.compare import TOLERANCES, copy_preserving_strides, mismatch
 
@@ -184,9 +186,9 @@ def compile_for_training(gm, inputs):
     """(callable, status, detail): a TrainingGraph, or the backend's eager fallback and its reason."""
     example = [copy_preserving_strides(x) for x in inputs]
     try:
-        joint = trace_joint(gm, example)
+        joint = measured_first(lambda: trace_joint(gm, example, CPU))   # as the backend traces it
         part = partition(joint, config.partitioner)
-        return TrainingGraph(part, joint, compile_graph, example), "compiled", ""
+        return TrainingGraph(part, joint, compile_aten, example), "compiled", ""
     except TrainingUnsupported as e:
         return compile_training(gm, example, {}), "eager-fallback", f"runs eagerly: {e}"
 

@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.passes import compile_passes, prepare_aten, trace_inference, traced_as
+from minicompile.aot.runtime import InTracedLayouts, in_layouts
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
@@ -139,14 +140,18 @@ def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> Compile
     and source lines stay as they are. ``aten_gm.meta["title"]`` says what the graph is (the
     partition's "forward half of the joint graph"), for MINICOMPILE_DEBUG.
 
-    Inputs laid out otherwise than the graph was traced with (in a dimension larger than 1) are
-    traced again (compile_graph): the decompositions and CPU claims the trace chose depend on the
-    layouts, and are chosen anew for the inputs' own."""
+    Inputs laid out otherwise than the graph was traced with (in a dimension larger than 1: a
+    saved value the compiled forward laid out its own way) are copied into the traced layouts
+    at each call: the graph is compiled as traced, never traced again (tracing a half again with
+    other layouts gave wrong gradients, convbn fuzzer seed 402075)."""
     title = aten_gm.meta.get("title", "ATen graph (compiled by compile_aten)")
     with kept_global_state():
-        if not traced_as(aten_gm, example_inputs):
-            return _compile_graph(aten_gm, example_inputs, title=title)
-        return _compile_graph(aten_gm, example_inputs, _prepare_aten, "aten passes", title)
+        if traced_as(aten_gm, example_inputs):
+            return _compile_graph(aten_gm, example_inputs, _prepare_aten, "aten passes", title)
+        as_traced = InTracedLayouts(aten_gm, None)
+        as_traced.run = _compile_graph(aten_gm, in_layouts(example_inputs, as_traced.traced), _prepare_aten,
+                                       "aten passes", title)
+        return as_traced
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",

@@ -84,7 +84,7 @@ class TrainingGraph:
             log.info("minicompile: compiling the backward for the forward's layouts failed (%s: %s); "
                      "compiling it for the traced layouts", type(error).__name__, error)
             try:
-                return InTracedLayouts(backward, self.compile_fn(backward, _in_layouts(inputs, _traced(backward))))
+                return InTracedLayouts(backward, self.compile_fn(backward, in_layouts(inputs, _traced(backward))))
             except Exception as e:
                 error = e
         if not config.fallback_on_error:
@@ -128,14 +128,17 @@ class InTracedLayouts:
         self.traced = _traced(gm)
 
     def __call__(self, *args):
-        return self.run(*_in_layouts(args, self.traced))
+        return self.run(*in_layouts(args, self.traced))
+
+    def __getattr__(self, name):     # a compiled graph's report, sources, ...
+        return getattr(self.__dict__["run"], name)
 
 
 def _traced(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _in_layouts(args, traced: list) -> list:
+def in_layouts(args, traced: list) -> list:
     return [_restrided(a, t) for a, t in zip(args, traced)]
 
 

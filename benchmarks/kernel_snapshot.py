@@ -2,7 +2,7 @@
 changed none of them.
 
     python benchmarks/kernel_snapshot.py OUT [--size full] [--choices DIR] [--only NAME,...]
-    diff -r OUT_BEFORE OUT_AFTER
+    python benchmarks/kernel_snapshot.py --compare OUT_BEFORE OUT_AFTER
 
 Compiles `bench`'s workloads (inference), `bench --models`' models (inference) and `bench
 --train`'s workloads (one forward and backward step) with torch.compile(backend="minicompile"),
@@ -10,12 +10,15 @@ each with an empty kernel cache, and writes OUT/<suite>-<name>.cpp: every kernel
 compile produced (sorted by content, so the order of compiles does not matter). Measured
 library choices (matrix product and attention library, convolution layout) depend on timings;
 ``--choices DIR`` keeps them in DIR and replays them in a later run, so two runs compare
-kernels, not stopwatches.
+kernels, not stopwatches. ``--compare`` says, per file, whether two snapshots hold the same
+code: comments (source lines, FX node names) left out, and buffers named by first use (a graph
+with one more value numbers the rest one higher).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +33,26 @@ from minicompile.tools.workloads import TRAIN_WORKLOADS, WORKLOADS, build_train
 def kernels_of(cache: Path) -> str:
     sources = sorted(p.read_text() for p in cache.rglob("kernels*.cpp"))
     return "\n// ---- next kernels.cpp ----\n".join(sources)
+
+
+def code_of(path: Path) -> list:
+    """The kernels.cpp files of a snapshot file, comments left out, buffers renamed by first use."""
+    units = []
+    for text in path.read_text().split("\n// ---- next kernels.cpp ----\n"):
+        code = "\n".join(line.split("//")[0].rstrip() for line in text.splitlines() if line.split("//")[0].strip())
+        names: dict = {}
+        units.append(re.sub(r"\bbuf\d+\b", lambda m: names.setdefault(m.group(0), f"buf_{len(names)}"), code))
+    return sorted(units)
+
+
+def compare(before: Path, after: Path) -> int:
+    differ = 0
+    for f in sorted(before.glob("*.cpp")):
+        other = after / f.name
+        same = other.exists() and code_of(f) == code_of(other)
+        differ += not same
+        print(f"{f.stem}: {'same code' if same else 'DIFFERENT' if other.exists() else 'missing'}")
+    return 1 if differ else 0
 
 
 def compile_once(suite: str, name: str, size: str):
@@ -52,11 +75,14 @@ def compile_once(suite: str, name: str, size: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two snapshots")
     ap.add_argument("--size", default="full", help="workload size: full, quick or tiny (models: full or tiny)")
     ap.add_argument("--choices", help="folder that keeps measured library choices between runs")
     ap.add_argument("--only", help="comma-separated names (suite-name, e.g. models-gpt2)")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(*map(Path, args.compare))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = ([("bench", n) for n in WORKLOADS] + [("models", n) for n in MODELS]

@@ -114,3 +114,22 @@ def test_convbn_programs_cover_the_strided_1x1_crash_and_a_wrong_gradient_is_rep
     monkeypatch.setattr(fuzz_convbn, "_step", wrong)
     found = fuzz_convbn.check([prog])
     assert found is not None and "input grad" in found
+
+
+def test_convbn_judges_a_running_mean_that_is_zero_in_exact_arithmetic_by_the_buffers_scale():
+    # convbn seed 402442: a BatchNorm after a 1x1 convolution of BatchNorm-centred values keeps a
+    # running mean that is rounding noise in eager and ours alike (float64's is 1e-17): relative
+    # to itself ours was "1.6e9 from float64, eager's 4.7e8"; it is measured against 1% of the
+    # buffers' norm, as a cancelled gradient is against 1% of the gradients'
+    from minicompile.testing.fuzz_convbn import ConvBnProgram, judge
+    prog = ConvBnProgram(0, ["nn.Conv2d(1, 2, 1, bias=False)", "nn.BatchNorm2d(2)"], (2, 1, 4, 4), 0.0, False)
+    d = torch.float64
+    f64 = [torch.ones(2, 2, 4, 4, dtype=d), torch.ones(2, 1, 4, 4, dtype=d), torch.ones(2, 1, 1, 1, dtype=d),
+           torch.ones(2, dtype=d), torch.ones(2, dtype=d), torch.full((2,), 1e-17, dtype=d), torch.ones(2, dtype=d)]
+    eager = [t.clone() for t in f64]
+    eager[5] = torch.full((2,), 1e-9, dtype=d)
+    ours = [t.clone() for t in eager]
+    ours[5] = torch.full((2,), 5e-9, dtype=d)
+    assert judge(prog, ours, eager, eager, f64) is None
+    ours[6] = torch.full((2,), 1.5, dtype=d)             # a running variance off: still found
+    assert "running_var" in judge(prog, ours, eager, eager, f64)

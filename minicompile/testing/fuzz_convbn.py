@@ -193,8 +193,10 @@ def judge(prog, ours: list, eager: list, eager_other: list, f64: list) -> str | 
     grads = 2 + len(list(model.parameters()))
     # a gradient below FLOOR of the step's whole gradient (one that is zero in exact arithmetic,
     # such as a BatchNorm weight that a later normalisation cancels) is measured against that
+    # (and a running mean of values a normalisation centred: the buffers' 1%, as for gradients)
     whole = FLOOR * float(torch.cat([t.flatten() for t in f64[1:grads]]).norm())
-    floors = [1e-30] + [whole] * (grads - 1) + [1e-30] * (len(names) - grads)
+    buffers = FLOOR * float(torch.cat([t.flatten() for t in f64[grads:]] + [torch.zeros(1, dtype=torch.float64)]).norm())
+    floors = [1e-30] + [whole] * (grads - 1) + [max(buffers, 1e-30)] * (len(names) - grads)
 
     def excused(k, reference) -> bool:
         e = max(_rel(eager[k], f64[k], floors[k]), _rel(eager_other[k], f64[k], floors[k]))

@@ -133,3 +133,12 @@ def test_convbn_judges_a_running_mean_that_is_zero_in_exact_arithmetic_by_the_bu
     assert judge(prog, ours, eager, eager, f64) is None
     ours[6] = torch.full((2,), 1.5, dtype=d)             # a running variance off: still found
     assert "running_var" in judge(prog, ours, eager, eager, f64)
+
+
+@pytest.mark.xfail(reason="open precision gap (docs/testing.md, convbn seed 403562): a badly conditioned "
+                          "1x1 conv / BatchNorm / GroupNorm stack's weight gradient is 4x farther from float64 "
+                          "in ours than in eager (3.7e-4 against 9.2e-5); where ours loses it is not yet known",
+                   strict=True)
+def test_convbn_seed_403562_weight_gradient_as_close_to_float64_as_eagers():
+    from minicompile.testing import fuzz_convbn
+    assert fuzz_convbn.check([fuzz_convbn.generate(403562)]) is None

@@ -137,8 +137,9 @@ def test_convbn_judges_a_running_mean_that_is_zero_in_exact_arithmetic_by_the_bu
 
 @pytest.mark.xfail(reason="open precision gap (docs/testing.md, convbn seed 403562): a badly conditioned "
                           "1x1 conv / BatchNorm / GroupNorm stack's weight gradient is 4x farther from float64 "
-                          "in ours than in eager (3.7e-4 against 9.2e-5); where ours loses it is not yet known",
-                   strict=True)
+                          "in ours than in eager (3.7e-4 against 9.2e-5); where ours loses it is not yet known. "
+                          "Not strict: the margin over the judge's 3x is 30%, and another CPU's rounding may pass it",
+                   strict=False)
 def test_convbn_seed_403562_weight_gradient_as_close_to_float64_as_eagers():
     from minicompile.testing import fuzz_convbn
     assert fuzz_convbn.check([fuzz_convbn.generate(403562)]) is None

@@ -391,6 +391,20 @@ def test_a_number_from_data_that_tracing_fixed_is_checked_at_run_time():
         compiled(torch.tensor([0.1, 0.7, -0.3, 0.2]))
 
 
+def test_a_slice_to_a_bound_from_data_that_tracing_fixed_is_checked_at_run_time():
+    # x[:k] - x: broadcasting the slice against x, torch assumes its length min(k, n) is n and
+    # replaces it in the trace; the lowering read x[:n] whatever k was, so a k of 1 (eager
+    # broadcasts x[:1]) returned zeros (unbacked fuzzer seed 500766). A slice bound read from
+    # data runs eagerly and its length is checked, as torch.compile's own graph checks it
+    def fn(x):
+        return x - x.reshape(-1)[:(x > 0).sum().item()]
+    compiled = torch.compile(fn, backend="minicompile", fullgraph=True)
+    x = torch.tensor([0.5, 0.25])
+    assert_matches_eager(compiled(x), fn(x))
+    with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+        compiled(torch.tensor([0.75, -0.5]))
+
+
 def test_an_extern_result_of_another_size_than_traced_raises():
     # v + masked_select(v, ...): torch assumes the selection is not of length 1 and checks it is
     # v's length, fixing it in the trace; a selection of 1 (eager broadcasts it) was read as 8

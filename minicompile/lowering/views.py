@@ -7,9 +7,9 @@ On a lazy value the map is applied inside the loop body (a ReindexView).
 """
 from __future__ import annotations
 
-from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value
-from minicompile.ir.nodes import (ExternKernel, InputBuffer, Lazy, MultiOutput, ReindexView, StorageView, TensorValue,
-                                  contiguous_strides, is_static, prod, shape_of, sym_value)
+from minicompile.ir.expr import Expr, NotSymbolic, Prod, Sym, Var, make_vars, size_value, symbols_of
+from minicompile.ir.nodes import (ExternKernel, InputBuffer, Lazy, MultiOutput, ReindexView, ScalarRef, StorageView,
+                                  TensorValue, contiguous_strides, is_static, prod, shape_of, sym_value)
 from minicompile.lowering.pointwise import broadcast_dims
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
@@ -119,12 +119,23 @@ def squeeze(lw, node, x, dims=None):
 
 @register_lowering(aten.slice.Tensor)
 def slice_(lw, node, x, dim=0, start=None, end=None, step=1):
+    if any(_from_data(b) for b in (start, end)):
+        # a bound read from data (x[:k], k from .item()): tracing may have replaced the length by
+        # the size it was broadcast against (seed 500766: k = 1 read as n); eagerly, the result's
+        # size is checked against the compiled one (the wrapper's conform)
+        raise Unsupported("a slice bound read from data (its length is checked at run time)")
     dim = _dim(dim, len(x.size))
     length = node.meta["val"].shape[dim]
     start = _clip_start(start, x.size[dim])
     size = list(x.size)
     size[dim] = size_value(sym_value(length))
     return make_view(x, size, lambda idx: idx[:dim] + [Expr.of(idx[dim]) * step + start] + idx[dim + 1:])
+
+
+def _from_data(bound) -> bool:
+    """A number the graph reads from data: an unbacked symbol (torch names them u0, u1, ...)."""
+    return isinstance(bound, ScalarRef) or (isinstance(bound, Expr)
+                                            and any(sym.name.startswith("u") for sym in symbols_of(bound)))
 
 
 def _clip_start(start, n):

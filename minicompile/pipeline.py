@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.passes import compile_passes, prepare_aten, trace_inference, traced_as
-from minicompile.aot.runtime import InTracedLayouts, in_layouts
+from minicompile.aot.runtime import InTracedLayouts, in_layouts, traced_inputs
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
@@ -148,10 +148,8 @@ def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> Compile
     with kept_global_state():
         if traced_as(aten_gm, example_inputs):
             return _compile_graph(aten_gm, example_inputs, _prepare_aten, "aten passes", title)
-        as_traced = InTracedLayouts(aten_gm, None)
-        as_traced.run = _compile_graph(aten_gm, in_layouts(example_inputs, as_traced.traced), _prepare_aten,
-                                       "aten passes", title)
-        return as_traced
+        as_traced = in_layouts(example_inputs, traced_inputs(aten_gm))
+        return InTracedLayouts(aten_gm, _compile_graph(aten_gm, as_traced, _prepare_aten, "aten passes", title))
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",

@@ -79,12 +79,12 @@ class TrainingGraph:
             return self.compile_fn(backward, inputs)
         except Exception as e:
             error = e
-        if any(_restrided(x, t) is not x for x, t in zip(inputs, _traced(backward))):
+        if any(_restrided(x, t) is not x for x, t in zip(inputs, traced_inputs(backward))):
             # not a fallback: the same compiled backward, fed copies in the layouts it was traced in
             log.info("minicompile: compiling the backward for the forward's layouts failed (%s: %s); "
                      "compiling it for the traced layouts", type(error).__name__, error)
             try:
-                return InTracedLayouts(backward, self.compile_fn(backward, in_layouts(inputs, _traced(backward))))
+                return InTracedLayouts(backward, self.compile_fn(backward, in_layouts(inputs, traced_inputs(backward))))
             except Exception as e:
                 error = e
         if not config.fallback_on_error:
@@ -125,7 +125,7 @@ class InTracedLayouts:
 
     def __init__(self, gm: torch.fx.GraphModule, run: Callable):
         self.run = run
-        self.traced = _traced(gm)
+        self.traced = traced_inputs(gm)
 
     def __call__(self, *args):
         return self.run(*in_layouts(args, self.traced))
@@ -134,7 +134,7 @@ class InTracedLayouts:
         return getattr(self.__dict__["run"], name)
 
 
-def _traced(gm: torch.fx.GraphModule) -> list:
+def traced_inputs(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 

@@ -190,7 +190,12 @@ NATIVE_STEPS.update({
 @native("LOAD_ATTR", "LOAD_METHOD")
 def _load_attr(action, stack):
     value = getattr(stack.pop(), action.inst.argval)
-    if action.inst.opname == "LOAD_METHOD" or not PY311 and action.inst.arg & 1:
+    return _pushed(action, stack, value, action.inst.opname == "LOAD_METHOD" or not PY311 and action.inst.arg & 1)
+
+
+def _pushed(action, stack, value, as_callable) -> int:
+    """``value`` pushed (with the NULL of "no self" where the instruction asks for it); the next offset."""
+    if as_callable:
         push_callable(stack, value)
     else:
         stack.append(value)
@@ -209,11 +214,7 @@ def _load_global(action, stack):
         if name not in b:
             raise NameError(f"name {name!r} is not defined")
         value = b[name]
-    if action.inst.arg & 1:
-        push_callable(stack, value)
-    else:
-        stack.append(value)
-    return action.next_offset
+    return _pushed(action, stack, value, action.inst.arg & 1)
 
 
 # ---------------------------------------------------------------------- iteration & unpacking

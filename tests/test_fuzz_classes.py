@@ -135,11 +135,41 @@ def test_convbn_judges_a_running_mean_that_is_zero_in_exact_arithmetic_by_the_bu
     assert "running_var" in judge(prog, ours, eager, eager, f64)
 
 
-@pytest.mark.xfail(reason="open precision gap (docs/testing.md, convbn seed 403562): a badly conditioned "
-                          "1x1 conv / BatchNorm / GroupNorm stack's weight gradient is 4x farther from float64 "
-                          "in ours than in eager (3.7e-4 against 9.2e-5); where ours loses it is not yet known. "
-                          "Not strict: the margin over the judge's 3x is 30%, and another CPU's rounding may pass it",
-                   strict=False)
-def test_convbn_seed_403562_weight_gradient_as_close_to_float64_as_eagers():
+def test_convbn_seed_403562_is_judged_against_float32s_measured_noise():
+    # convbn seed 403562: a one-channel image through 1x1 convolutions and BatchNorms, so every
+    # channel is nearly a multiple of one normalised image and the second convolution's weight
+    # gradient exists only through BatchNorm's eps. Ours was 3.7e-4 from float64 there, eager
+    # 9.2e-5: 4x, over the judge's 3x. Over 24 draws of the same architecture ours and eager are
+    # as far from float64 (medians 2.9e-4 and 2.6e-4, each 0.4-3.7x the other), and float64
+    # runs with one float32 rounding at every layer land 1.9e-4 to 7.8e-4 away: eager's 9.2e-5
+    # was a lucky draw of that noise. The judge now measures the noise (testing/rounding.py).
     from minicompile.testing import fuzz_convbn
-    assert fuzz_convbn.check([fuzz_convbn.generate(403562)]) is None
+    prog = fuzz_convbn.generate(403562)
+    f64 = fuzz_convbn._run_all([prog], torch.float64)[0]
+    jittered = fuzz_convbn._run_all([prog], torch.float64, jitter=0)[0]
+    names = [n for n, _ in prog.build().named_parameters()]
+    k = 2 + names.index("3.weight")
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(jittered[k], f64[k]) > 1e-4               # badly conditioned: float32's noise is large
+    assert rel(jittered[0], f64[0]) < 1e-6 and rel(jittered[1], f64[1]) < 1e-5   # the rest is not
+    assert fuzz_convbn.check([prog]) is None
+
+
+def test_float32_noise_excuses_nothing_on_a_well_conditioned_model():
+    # the jittered float64 runs stay within float32's resolution of float64 where the model is
+    # well conditioned, so a real error (the 1% gradient above, 1e-3) is still reported
+    from minicompile.testing import rounding
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).double()
+    x = torch.randn(8, 16, dtype=torch.float64)
+    plain = model(x).detach()
+    model(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    handles = rounding.jitter(model, seed=0)
+    out = model(x)
+    out.sum().backward()
+    for h in handles:
+        h.remove()
+    assert 0 < float((out - plain).norm() / plain.norm()) < 1e-6
+    assert all(0 < float((p.grad - g).norm() / g.norm()) < 1e-6 for p, g in zip(model.parameters(), grads))

@@ -53,6 +53,19 @@ def test_conv_chain_runs_channels_last_inside_and_returns_eager_layout(fresh_dyn
     assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
 
 
+def test_bfloat16_conv_chain_runs_channels_last_too(fresh_dynamo):
+    # bf16 inference took the NCHW path whatever the measurement said (the claim was float32's)
+    torch.manual_seed(0)
+    model, x = _eval(ConvChain()).to(torch.bfloat16), torch.randn(2, 3, 12, 10).to(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(x)
+    out, graphs = compile_with_dynamo(model, x)
+    assert_matches_eager(out, ref, atol=3e-2, rtol=2e-2)
+    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert _clones_to_channels_last(graphs[0]) == 3
+    assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
+
+
 def test_switched_off_keeps_nchw(fresh_dynamo):
     torch.manual_seed(0)
     model, x = _eval(ConvChain()), torch.randn(1, 3, 8, 8)

@@ -79,14 +79,18 @@ class CppOps:
     # move with the innermost loop variable alone (and hoisted values, literals) go into arrays
     # filled by one loop before the kernel's loops. None: off.
     channel: ChannelValues | None = None
+    # values a bfloat16 / float16 rounding would not change (a load of that dtype, a rounding's
+    # result): rounding one again is skipped (a bf16 graph's ``to(bf16)`` after every op)
+    exact: dict = field(default_factory=dict)   # expression -> dtype
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False,
-             channel: bool = False) -> CV:
+             channel=None) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
-        if channel:
-            self.cse[key] = value = CV(self.channel.add(f"tmp{next(self.counter)}", CTYPE[ctype_dtype], expr), ctype_dtype)
+        if channel is not None:
+            self.cse[key] = value = CV(self.channel.add(channel, f"tmp{next(self.counter)}", CTYPE[ctype_dtype], expr),
+                                       ctype_dtype)
             return value
         name = f"tmp{next(self.counter)}"
         target = self.hoisted if hoist else self.before_loop if per_row else self.lines
@@ -104,11 +108,18 @@ class CppOps:
         return (self.hoisted is not None and any(a.expr in self.outside for a in args)
                 and all(a.expr in self.outside or a.expr in self.literals for a in args))
 
-    def _per_channel(self, *args) -> bool:
-        """Computed from per-channel values, hoisted values and literals, with a per-channel one."""
+    def _per_channel(self, *args):
+        """The loop variable whose per-index arrays hold this value: computed from values per
+        index of that one variable, hoisted values and literals, with at least one of the first.
+        None otherwise."""
         ch = self.channel
-        return (ch is not None and any(a.expr in ch.values for a in args)
-                and all(a.expr in ch.values or a.expr in self.outside or a.expr in self.literals for a in args))
+        if ch is None:
+            return None
+        found = {ch.values[a.expr] for a in args if a.expr in ch.values}
+        if len(found) == 1 and all(a.expr in ch.values or a.expr in self.outside or a.expr in self.literals
+                                   for a in args):
+            return found.pop()
+        return None
 
     def load(self, name, index, dtype):
         if name in self.locals:
@@ -124,13 +135,19 @@ class CppOps:
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
         hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
-        if (dtype == torch.float32 and self.channel is not None and ptr in self.read_only
-                and atoms_of(index) == {self.channel.var}):
-            self.channel.values.add(raw)   # read where it is used, in the channel loop and the kernel's
-            return CV(raw, dtype)
+        atoms = atoms_of(index)
+        if (dtype in (torch.float32, torch.bfloat16, torch.float16) and self.channel is not None
+                and ptr in self.read_only and len(atoms) == 1 and next(iter(atoms)) in self.channel.sizes):
+            self.channel.values[raw] = next(iter(atoms))   # read where used: in its filling loop and the kernel's
+            return self._exact(CV(raw, compute_dtype(dtype)), dtype)
         per_row = (not hoist and self.before_loop is not None and ptr in self.read_only
                    and not atoms_of(index) & self.loop_vars)
-        return self._tmp(compute_dtype(dtype), raw, hoist, per_row)
+        return self._exact(self._tmp(compute_dtype(dtype), raw, hoist, per_row), dtype)
+
+    def _exact(self, value: CV, dtype: torch.dtype) -> CV:
+        if dtype in (torch.bfloat16, torch.float16):
+            self.exact[value.expr] = dtype
+        return value
 
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
@@ -152,10 +169,12 @@ class CppOps:
 
     def to_dtype(self, x, dtype):
         where = dict(hoist=self._hoistable(x), channel=self._per_channel(x))
+        if dtype in (torch.bfloat16, torch.float16) and self.exact.get(x.expr) == dtype:
+            return x
         if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", **where)
+            return self._exact(self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", **where), dtype)
         if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", **where)
+            return self._exact(self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", **where), dtype)
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
@@ -167,8 +186,9 @@ class CppOps:
         if self._hoistable(*args):  # (sin/cos through the library: the row redo would not reach it)
             expr = template(op, operand).format(*args)
             return self._same_every_iteration(self._tmp(compute_dtype(dtype), expr, hoist=True), *args)
-        if self._per_channel(*args):
-            return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), channel=True)
+        var = self._per_channel(*args)
+        if var is not None:
+            return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), channel=var)
         # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
         if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
                 and compute_dtype(dtype).is_floating_point):

@@ -2,7 +2,7 @@
 
 oneDNN's CPU convolutions are often much faster on NHWC data than on NCHW (docs/models.md has
 the numbers). Eager only takes that path when the user converts the
-input. Here a CPU float32 convolution whose 4-d input is NCHW-contiguous gets that input as
+input. Here a CPU float32 or bfloat16 convolution whose 4-d input is NCHW-contiguous gets that input as
 ``clone(memory_format=channels_last)``; its result is then channels-last, every elementwise
 op after it keeps that order (TensorIterator's rule, which the fake tensors follow), so the
 next convolution's input already is channels-last and only the graph's first convolution
@@ -43,10 +43,14 @@ aten = torch.ops.aten
 # inside functionalize_channels_last: the trace's Claims
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("minicompile_conv_channels_last", default=None)
 LAYOUTS = (torch.contiguous_format, torch.channels_last)
+# oneDNN has NHWC kernels for both (bfloat16: AVX-512 BF16 or AMX where the CPU has them, else
+# converts); float16 convolutions on CPU stay as eager runs them
+CLAIMED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def claim_convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """convolution with its NCHW input and weight cloned channels-last (float32, CPU), else None.
+    """convolution with its NCHW input and weight cloned channels-last (float32 or bfloat16, CPU),
+    else None.
 
     Both, not only the input: with a channels-last input and an NCHW weight, oneDNN reorders
     the weight inside every call, slowly (over ten times the convolution's own time, measured);
@@ -55,7 +59,7 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     is cloned, for an input that is channels-last already (ConvNeXt's, after its permuted
     LayerNorm)."""
     claims = _ACTIVE.get()
-    if not (claims is not None and input.device.type == "cpu" and input.dtype == torch.float32 and input.dim() == 4
+    if not (claims is not None and input.device.type == "cpu" and input.dtype in CLAIMED_DTYPES and input.dim() == 4
             and weight.dim() == 4 and not transposed
             and all(isinstance(s, int) for s in (*input.shape, *weight.shape))):
         return None
@@ -66,7 +70,7 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
     if not claims.convert_inputs and not x_ready:
         return None
     claims.convs.append(ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride),
-                                  tuple(padding), tuple(dilation), groups, w_ready, x_ready))
+                                  tuple(padding), tuple(dilation), groups, w_ready, x_ready, input.dtype))
     x = input if x_ready else aten.clone.default(input, memory_format=cl)
     w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
     return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -91,11 +95,12 @@ class ConvShape:
     groups: int
     weight_ready: bool      # the weight already is channels-last: nothing to convert
     input_ready: bool = False   # the input already was channels-last in this trace
+    dtype: torch.dtype = field(default=torch.float32, repr=False)   # (float32's cache keys predate it)
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as a matrix product."""
-        return (self.weight[2:] == (1, 1) and self.groups == 1 and self.stride == (1, 1)
+        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as a matrix product (float32)."""
+        return (self.dtype == torch.float32 and self.weight[2:] == (1, 1) and self.groups == 1 and self.stride == (1, 1)
                 and self.dilation == (1, 1) and self.padding == (0, 0))
 
 
@@ -165,8 +170,9 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
 
     @functools.cache
     def operands():
-        x, w = torch.randn(conv.input), torch.randn(conv.weight)
-        return x, w, (torch.randn(conv.weight[0]) if conv.bias else None), x.contiguous(memory_format=cl)
+        x, w = torch.randn(conv.input, dtype=conv.dtype), torch.randn(conv.weight, dtype=conv.dtype)
+        b = torch.randn(conv.weight[0], dtype=conv.dtype) if conv.bias else None
+        return x, w, b, x.contiguous(memory_format=cl)
 
     def nchw():
         x, w, b, _ = operands()
@@ -181,11 +187,12 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
         w = w.contiguous(memory_format=cl) if convert_weight else w
         return torch.convolution(x, w, b, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups)
 
+    dtype = [] if conv.dtype == torch.float32 else [str(conv.dtype)]
     key = cache.digest("conv-layout", torch.__version__, cpu_name(), str(torch.get_num_threads()), repr(conv),
-                       str(convert_weight and not conv.pointwise))
+                       str(convert_weight and not conv.pointwise), *dtype)
     with real_tensors():
         return library_times(key, {"nchw": nchw, "nhwc": nhwc},
-                             f"convolution {conv.input} * {conv.weight}, NCHW or NHWC")
+                             f"convolution {conv.input} * {conv.weight}{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:

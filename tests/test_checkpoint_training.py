@@ -157,3 +157,32 @@ def test_debug_2_prints_the_checkpoint_line(capsys, fresh_dynamo):
         _saved_bytes(CheckpointedBlock)
     out = capsys.readouterr().out
     assert "partition (min_cut):" in out and "checkpoint (recompute): " in out and "(checkpointed)" in out
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_hf_gpt2_with_activation_checkpointing_trains_as_eager(reentrant, fresh_dynamo):
+    """HF GPT-2 (2 layers, hidden 64, dropout 0.1) after ``activation_checkpointing_enable``: each
+    layer a checkpoint region (Dynamo hands the reentrant form over as the same op); one step's loss
+    and every gradient as eager's, the dropout masks inside the regions included."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=100,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})   # gradient_checkpointing_enable before 5.x
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 100, (2, 16))
+    record = Recorder()
+    with patch(fallback_on_error=False):
+        torch.manual_seed(1)
+        loss = torch.compile(model, backend=record)(input_ids=ids, labels=ids).loss
+        loss.backward()
+    torch.manual_seed(1)
+    ref_loss = ref(input_ids=ids, labels=ids).loss
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, **TOL)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}: {m}")
+    assert record.graphs and all(isinstance(g, TrainingGraph) for g in record.graphs), record.graphs
+    lines = [g.report.checkpoint for g in record.training if g.report.checkpoint]
+    assert len(lines) == 1 and "in 2 region(s)" in lines[0] and "random draws kept from the forward" in lines[0]

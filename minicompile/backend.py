@@ -158,7 +158,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     try:
         with patch(**knobs):
             joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU))   # no stopwatch in make_fx
-            part = partition(joint, config.partitioner)
+            part = partition(joint, config.partitioner, config.checkpoint)
             if config.debug >= 2:
                 print(highlight(artifacts.training_text(joint, part, config.debug), "python"), end="")
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))

@@ -178,6 +178,11 @@ class Config:
         "MINICOMPILE_PARTITIONER", "min_cut", "how training graphs are split into forward and backward: "
         "`min_cut` (recompute cheap elementwise chains instead of saving them) or `save_all`",
         choices=("min_cut", "save_all"))
+    checkpoint: str = knob(
+        "MINICOMPILE_CHECKPOINT", "recompute", "values computed inside a `torch.utils.checkpoint` region: "
+        "`recompute` (as eager: recomputed in the backward from the region's inputs, never saved; random "
+        "draws are kept from the forward) or `min_cut` (the partitioner chooses as for any value)",
+        choices=("recompute", "min_cut"))
     check: bool = knob(
         "MINICOMPILE_CHECK", False, "every compiled graph also runs eagerly on the same inputs; the first "
         "call whose outputs differ names the kernel that diverges first (its FX nodes and source lines) and "

@@ -28,7 +28,8 @@ Graphs whose training semantics the partitioned runtime does not reproduce yet a
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
 gradient is ever wrong: mutation of an input that requires grad, outputs aliasing inputs or
 each other, autocast, tensor attributes that require grad (their gradient would be lost),
-and data-dependent sizes in the joint graph.
+data-dependent sizes in the joint graph, and random draws in a checkpointed region that does not
+preserve the RNG state (``torch.utils.checkpoint`` regions: aot/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from minicompile.aot import trace
 from minicompile.aot.fake import make_fx_aten, real_constants_allowed, to_fake, tracing
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
 from minicompile.aot.backward_sources import SourceInterpreter, backward_sources
+from minicompile.aot.checkpoint import is_random, rng_not_preserved, tagged, tolerant_bodies
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
 from minicompile.aot.pool_offsets import compress_pool_indices
 from minicompile.aot.runner import AtenPass, run_passes
@@ -74,6 +76,7 @@ class JointContext(trace.PassContext):
     outputs: list = field(default_factory=list)    # the forward's outputs, fake
     grad_inputs: tuple = ()
     diff_outputs: tuple = ()
+    rng_not_preserved: bool = False                # a checkpoint call says preserve_rng_state=False
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> JointGraph:
@@ -102,13 +105,15 @@ def fake_forward(gm, ctx: JointContext):
         tangents = [torch.empty(ctx.outputs[i].shape, dtype=ctx.outputs[i].dtype, device=ctx.outputs[i].device)
                     for i in ctx.diff_outputs]
     ctx.fake_inputs = primals + tangents
+    ctx.rng_not_preserved = rng_not_preserved(gm)
     return gm
 
 
 def trace_forward_backward(gm, ctx: JointContext):
     """make_fx of "the forward, then torch.autograd.grad" -> the joint graph (channels-last
     convolutions where that layout holds, aot/conv_layout_train.py)."""
-    return _trace_channels_last(gm, ctx, ctx.outputs, ctx.grad_inputs, ctx.diff_outputs)
+    with tolerant_bodies(gm):   # torch.utils.checkpoint regions (aot/checkpoint.py)
+        return _trace_channels_last(gm, ctx, ctx.outputs, ctx.grad_inputs, ctx.diff_outputs)
 
 
 def name_inputs(graph, ctx: JointContext):
@@ -220,6 +225,15 @@ def check_joint(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     return graph
 
 
+def check_checkpoint_rng(graph: torch.fx.GraphModule, ctx) -> torch.fx.GraphModule:
+    """A random draw in a checkpointed region that does not preserve the RNG state (aot/checkpoint.py)."""
+    if ctx.rng_not_preserved and any(tagged(n) and is_random(n) for n in graph.graph.nodes):
+        raise TrainingUnsupported("a checkpointed region draws random numbers with preserve_rng_state=False: "
+                                  "eager's recomputation draws a new mask, which the compiled backward does "
+                                  "not reproduce")
+    return graph
+
+
 def check_static(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     """A data-dependent size (index_put with a boolean mask: its backward indexes by the mask's
     nonzero positions) cannot be compiled statically; Dynamo graph-breaks at such ops in the
@@ -320,6 +334,7 @@ JOINT_PASSES = (
     AtenPass("fake_forward", fake_forward),                # outputs, tangents; refusals
     AtenPass("trace", trace_forward_backward),             # make_fx: forward + autograd.grad -> joint graph
     AtenPass("check_static", check_static),                # no data-dependent sizes
+    AtenPass("check_checkpoint_rng", check_checkpoint_rng),  # checkpointed draws eager would not repeat
     AtenPass("drop_detach", drop_detach),                  # autograd's saved-value detach
     AtenPass("input_mutations", input_mutations),          # in-place ops on inputs -> out of place + copy_
     *_AFTER_TRACE,

@@ -1,6 +1,7 @@
 """The partitioner: a joint forward/backward graph -> a forward graph and a backward graph.
 
-    part = partition(joint, mode)            mode: "min_cut" | "save_all" (config.partitioner)
+    part = partition(joint, mode, checkpoint)    mode: "min_cut" | "save_all" (config.partitioner)
+                                                 checkpoint: "recompute" | "min_cut" (config.checkpoint)
     part.forward:  (*primals) -> (*outputs, *saved)
     part.backward: (*saved_primals, *saved, *tangents) -> the grads that are not None
 
@@ -12,6 +13,10 @@ data edges are infinite, the primals and every node that must not be recomputed 
 source, the tangent-dependent nodes off the sink. Only cheap native ops (pointwise, views,
 copies, creation) may be recomputed, in chains of at most MAX_RECOMPUTE_DEPTH ops; matmuls,
 convolutions, reductions, random ops and externs are always computed once, in the forward.
+Values computed inside a ``torch.utils.checkpoint`` region are the exception (aot/checkpoint.py):
+under the ``recompute`` policy they cannot be saved (no edge of finite capacity) and any op may
+be recomputed, whatever its cost or chain length, so backward recomputes the region from what
+flowed into it, as eager does; the report says what the regions held and what became of it.
 The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go to the forward
 graph, so BatchNorm's running statistics are updated once per forward, as eager does.
 (Max pooling's int64 indices were rewritten by the joint trace's last pass, so that one byte per
@@ -29,6 +34,7 @@ import networkx as nx
 import torch
 import torch.fx
 
+from minicompile.aot import checkpoint as ckpt
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
 from minicompile.aot.runner import stamp
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
@@ -53,19 +59,23 @@ class PartitionReport:
     saved: list = field(default_factory=list)          # SavedValue, primals included
     recomputed: list = field(default_factory=list)     # "name = op" of nodes backward recomputes
     save_all_bytes: int = 0
+    checkpointed: list = field(default_factory=list)   # names of recomputed nodes a checkpoint region made
+    checkpoint: str = ""                               # the checkpoint line (aot/checkpoint.py); "" without regions
 
     @property
     def saved_bytes(self) -> int:
         return sum(s.nbytes for s in self.saved)
 
     def __str__(self) -> str:
+        marked = set(self.checkpointed)
         saving = self.save_all_bytes - self.saved_bytes
         lines = [f"partition ({self.mode}): {len(self.saved)} saved tensor(s), {self.saved_bytes} bytes; "
                  f"save_all: {self.save_all_bytes} bytes; saving {saving} bytes",
                  *(f"  saved {s.name}: {list(s.shape)} {str(s.dtype).replace('torch.', '')} ({s.nbytes} bytes)"
                    for s in self.saved),
-                 *(f"  recomputed {r}" for r in self.recomputed)]
-        return "\n".join(lines)
+                 *(f"  recomputed {r}{' (checkpointed)' if r.split(' = ')[0] in marked else ''}"
+                   for r in self.recomputed)]
+        return "\n".join(lines + ([self.checkpoint] if self.checkpoint else []))
 
 
 @dataclass
@@ -78,15 +88,20 @@ class Partition:
     report: PartitionReport
 
 
-def partition(joint: JointGraph, mode: str = "min_cut") -> Partition:
+def partition(joint: JointGraph, mode: str = "min_cut", checkpoint: str = "recompute") -> Partition:
     if mode not in CHOOSERS:
         raise ValueError(f"minicompile: unknown partitioner {mode!r}; choose one of {sorted(CHOOSERS)}")
     t0 = time.perf_counter()
-    view = JointView(joint)
+    view = JointView(joint, checkpoint)
     in_backward = CHOOSERS[mode](view)
     full = view.boundary(view.tangent_dependent)
     t1 = time.perf_counter()
-    part = view.split(in_backward, PartitionReport(mode, save_all_bytes=sum(nbytes(n) for n in full)))
+    report = PartitionReport(mode, save_all_bytes=sum(nbytes(n) for n in full))
+    part = view.split(in_backward, report)
+    if view.region:
+        saved = {n for n in view.nodes if n.name in {s.name for s in report.saved}}
+        report.checkpointed = [n.name for n in view.region if n in in_backward]
+        report.checkpoint = ckpt.summary(checkpoint if mode == "min_cut" else mode, view.region, in_backward, saved)
     steps = [(mode, t1 - t0), ("split", time.perf_counter() - t1)]
     for half, gm in (("forward half", part.forward), ("backward half", part.backward)):
         stamp(gm, joint.graph.meta.get("constructed_by", []), f"partition, {half}", steps)
@@ -97,7 +112,7 @@ def partition(joint: JointGraph, mode: str = "min_cut") -> Partition:
 class JointView:
     """The joint graph's nodes sorted by role: primals, tangents, outputs, grads."""
 
-    def __init__(self, joint: JointGraph):
+    def __init__(self, joint: JointGraph, checkpoint: str = "recompute"):
         self.joint = joint
         self.gm = joint.graph
         self.nodes = list(self.gm.graph.nodes)
@@ -108,6 +123,9 @@ class JointView:
         self.writes = [n for n in self.nodes if n.op == "call_function" and is_input_write(n)]
         self.tangent_dependent = self._descendants(self.tangents)
         self.needed = self._ancestors([g for g in self.grads if isinstance(g, torch.fx.Node)])
+        forward = set(self.nodes) - self.tangent_dependent
+        self.region = ckpt.regions(self.nodes, forward)       # checkpointed node -> region id
+        self.always_recomputed = ckpt.always_recomputed(self.region, forward, checkpoint)
 
     def _descendants(self, roots) -> set:
         seen = set(roots)
@@ -190,6 +208,7 @@ def save_all(view: JointView) -> set:
 def min_cut(view: JointView) -> set:
     """Backward computes the sink side of a minimum cut that prices each saved value by its bytes."""
     must_compute_once = _banned(view)
+    view.always_recomputed -= must_compute_once     # compared bit for bit: computed once, saved
     g = nx.DiGraph()
     for n in view.needed:
         if n.op in ("get_attr", "output"):
@@ -212,8 +231,8 @@ def min_cut(view: JointView) -> set:
 
 def _capacity(node: torch.fx.Node, view: JointView) -> dict:
     """Saving a tensor costs its bytes, an input nothing (the caller holds it anyway); a node that
-    is not one tensor (a tuple) cannot be saved."""
-    if not isinstance(node.meta.get("val"), torch.Tensor):
+    is not one tensor (a tuple), or that a checkpoint region recomputes, cannot be saved."""
+    if not isinstance(node.meta.get("val"), torch.Tensor) or node in view.always_recomputed:
         return {}
     return {"capacity": 0 if node in view.primals else nbytes(node)}
 
@@ -233,8 +252,8 @@ def _banned(view: JointView) -> set:
         if n.op == "call_function" and n.target in EXACT_COMPARISONS and len(n.all_input_nodes) == 2:
             banned.update(a for a in n.all_input_nodes if a.op == "call_function" and a not in view.tangent_dependent)
     for n in view.nodes:
-        if n.op != "call_function" or n in view.tangent_dependent:
-            depth[n] = 0
+        if n.op != "call_function" or n in view.tangent_dependent or n in view.always_recomputed:
+            depth[n] = 0    # a checkpointed value is recomputed whatever it costs
             continue
         cheap = n.target in RECOMPUTABLE and not (isinstance(n.target, torch._ops.OpOverload)
                                                   and torch.Tag.nondeterministic_seeded in n.target.tags)

@@ -1,0 +1,122 @@
+"""Activation checkpointing: which forward values a ``torch.utils.checkpoint`` region computed, and
+what the partitioner (aot/partition.py) makes of them.
+
+Dynamo hands a checkpointed call over as the higher-order op ``tag_activation_checkpoint`` (a
+body graph and its inputs). The joint trace runs it as torch does under a tracer: torch's
+checkpoint with a selective-checkpoint policy that caches every value, so the recomputation in
+the backward reads the forward's nodes (nothing is traced twice) and each ATen node the region
+made carries ``meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE`` and
+``meta["ac_graph_id"]`` (one id per region). ``config.checkpoint`` says what becomes of them:
+
+    recompute   as eager: the region's values are recomputed in the backward from what flowed into
+                it, never saved; its outputs (values read outside the region) may be saved at their
+                bytes, as eager saves them where a later op needs them
+    min_cut     the tags are ignored: the partitioner's cut decides as for any value (cheap chains
+                recomputed, matrix products and reductions saved)
+
+Random ops are the exception under both: a draw is never repeated, so the forward's draw is saved
+(eager restores the generator's state and draws the same mask again: the values are the same). A
+region that asks ``preserve_rng_state=False`` draws a new mask in eager's recomputation, which the
+compiled backward does not reproduce: such a graph runs eagerly (aot/joint.py
+``check_checkpoint_rng``).
+
+In-place ops that composite kernels leave inside a region (dropout's ``bernoulli_`` and ``div_``
+on its ``empty_like``) change a value after the checkpoint's cache took it, which torch's cache
+refuses; the joint trace rewrites them functional afterwards (aot/trace.py ``leftover_inplace``),
+so each region body is traced with the same always-recompute policy that allows it
+(``tolerant_bodies``).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+
+import torch
+import torch.fx
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+POLICIES = ("recompute", "min_cut")
+_CHECKPOINT_OP = "tag_activation_checkpoint"
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in node.target.tags)
+
+
+def tagged(node: torch.fx.Node) -> bool:
+    """The node was computed inside a checkpointed region whose policy is to recompute it."""
+    return node.meta.get("recompute") in (CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_RECOMPUTE)
+
+
+def regions(nodes, forward: set) -> dict:
+    """The checkpointed forward nodes among ``nodes`` (those in ``forward``): node -> region id."""
+    return {n: n.meta.get("ac_graph_id") for n in nodes if n in forward and n.op == "call_function" and tagged(n)}
+
+
+def region_outputs(region: dict, forward: set) -> set:
+    """Region nodes a forward node outside their region reads (the checkpoint's results): eager
+    saves such a value where a later op needs it, so the cut may save it."""
+    return {n for n in region for u in n.users if u in forward and region.get(u, object()) != region[n]}
+
+
+def always_recomputed(region: dict, forward: set, policy: str) -> set:
+    """The region nodes that must not be saved under ``policy``: under ``recompute`` all but the
+    region's outputs and its random draws; under ``min_cut`` none."""
+    if policy not in POLICIES:
+        raise ValueError(f"minicompile: unknown checkpoint policy {policy!r}; choose one of {list(POLICIES)}")
+    if policy == "min_cut":
+        return set()
+    outputs = region_outputs(region, forward)
+    return {n for n in region if n not in outputs and not is_random(n)}
+
+
+def summary(policy: str, region: dict, recomputed: set, saved: set) -> str:
+    """The report's checkpoint line: how many values the regions computed, what became of them."""
+    ids = {r for r in region.values()}
+    random_saved = sorted(n.name for n in region if n in saved and is_random(n))
+    line = (f"  checkpoint ({policy}): {len(region)} value(s) in {len(ids)} region(s); "
+            f"{sum(n in recomputed for n in region)} recomputed in the backward, "
+            f"{sum(n in saved for n in region)} saved")
+    if random_saved:
+        line += f" (random draws kept from the forward: {', '.join(random_saved)})"
+    return line
+
+
+def _always_recompute(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_TOLERANT = functools.partial(create_selective_checkpoint_contexts, _always_recompute, allow_cache_entry_mutation=True)
+
+
+@contextlib.contextmanager
+def tolerant_bodies(gm: torch.fx.GraphModule):
+    """While tracing: checkpoint bodies without a policy of the user's (``context_fn``) recompute
+    everything, and a value cached by the checkpoint may be written in place afterwards."""
+    bodies = [getattr(n.graph.owning_module, n.args[0].target) for n in _checkpoint_calls(gm)
+              if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"]
+    bodies = [b for b in bodies if "_checkpoint_context_fn" not in b.meta]
+    quiet = logging.getLogger("torch._higher_order_ops.wrap")   # its "context_fn is passed" warning
+    level = quiet.level
+    for b in bodies:
+        b.meta["_checkpoint_context_fn"] = _TOLERANT
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+        for b in bodies:
+            b.meta.pop("_checkpoint_context_fn", None)
+
+
+def _checkpoint_calls(gm: torch.fx.GraphModule) -> list:
+    return [n for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "__name__", "") == _CHECKPOINT_OP]
+
+
+def rng_not_preserved(gm: torch.fx.GraphModule) -> bool:
+    """A checkpoint call in ``gm`` (or a region inside one) passes ``preserve_rng_state=False``."""
+    return any(n.kwargs.get("preserve_rng_state") is False for n in _checkpoint_calls(gm))
+

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from minicompile.aot.autocast import autocast_off
 from minicompile.runtime.autotune import load_timings, save_choice
 
 log = logging.getLogger("minicompile")
@@ -90,8 +91,8 @@ def library_times(key: str, candidates: dict, what: str = "") -> dict:
 
 @contextlib.contextmanager
 def real_tensors():
-    """Leave a trace's fake and proxy modes (and grad mode) to time real library calls."""
-    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+    """Leave a trace's fake and proxy modes (and grad mode, and autocast) to time real library calls."""
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad(), autocast_off():
         yield
 
 

@@ -22,7 +22,10 @@ from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import trace_joint
 from minicompile.aot.passes import trace_inference
 from minicompile.aot.runtime import TrainingGraph
-from minicompile.pipeline import compile_aten
+from minicompile.config import patch
+from minicompile.cpu.claims import NARROW_FLAGS
+from minicompile.cpu.timing import cpu_flags
+from minicompile.pipeline import compile_aten, compile_graph
 from tests.helpers import Recorder, assert_matches_eager
 from tests.test_training_models import CNN, _hf
 
@@ -192,3 +195,27 @@ def test_a_failed_compile_leaves_the_autocast_state_as_it_found_it():
             raise RuntimeError("a trace that failed")
     assert not torch.is_autocast_enabled("cpu")
     assert torch.get_autocast_dtype("cpu") == dtype and torch.is_autocast_cache_enabled() == cache
+
+
+# -- bfloat16/float16 products on the CPU: the library's kernel, or float32 on converted operands ----
+
+def _products(a, b, c, d):
+    return (a @ b).relu(), torch.bmm(c, d) * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("mode", ["library", "float32", "auto"])
+def test_narrow_products_run_as_the_library_or_in_float32(mode, dtype):
+    """Both forms accumulate in float32 and round once: eager's values up to the order of the sum
+    (one bfloat16 step at most). ``auto`` converts on a CPU without instructions for the dtype."""
+    torch.manual_seed(0)
+    args = [torch.randn(*s).to(dtype) for s in ((16, 64), (64, 24), (3, 8, 32), (3, 32, 5))]
+    with patch(cpu_narrow_gemm=mode):
+        compiled = compile_graph(torch.fx.symbolic_trace(_products), args)
+    assert_matches_eager(compiled(*args), _products(*args), rtol=1e-2, atol=1e-2)
+    wide = [n for n in compiled.aten_graph.graph.nodes if n.op == "call_function"
+            and n.target in (torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.mkldnn._linear_pointwise.default)
+            and n.meta["val"].dtype == torch.float32]
+    has_instructions = any(f in cpu_flags() for f in NARROW_FLAGS[dtype])
+    assert len(wide) == (2 if mode == "float32" or (mode == "auto" and not has_instructions) else 0), wide
+    assert any("cpu: " in line and " mm -> " in line for line in compiled.aten_graph.meta["choices"]) == (mode == "auto")

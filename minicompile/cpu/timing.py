@@ -118,6 +118,16 @@ def _interleaved_best(candidates: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags (``avx2``, ``avx512_bf16``, ...); empty where /proc/cpuinfo is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_name() -> str:
     """The CPU's model name (part of a measured choice's key: another CPU measures again)."""
     try:

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils import _pytree as pytree
 
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import trace_joint
@@ -219,3 +220,23 @@ def test_narrow_products_run_as_the_library_or_in_float32(mode, dtype):
     has_instructions = any(f in cpu_flags() for f in NARROW_FLAGS[dtype])
     assert len(wide) == (2 if mode == "float32" or (mode == "auto" and not has_instructions) else 0), wide
     assert any("cpu: " in line and " mm -> " in line for line in compiled.aten_graph.meta["choices"]) == (mode == "auto")
+
+
+@pytest.mark.parametrize("mode", ["library", "float32"])
+def test_narrow_convolutions_and_their_backward_run_as_the_library_or_in_float32(mode, fresh_dynamo):
+    """bfloat16 convolutions (autocast's) and their backward: eager's values either way (10-50x
+    faster in float32 on a CPU without bfloat16 instructions, docs/training.md)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8)
+    fn = lambda x: conv(x).float().square().mean()  # noqa: E731
+    rec = Recorder()
+    with patch(cpu_narrow_gemm=mode):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = torch.compile(fn, backend=rec)(x), fn(x)
+        assert_matches_eager(torch.autograd.grad(got, list(conv.parameters())),
+                             torch.autograd.grad(want, list(conv.parameters())), **BF16)
+    assert_matches_eager(got, want, **BF16)
+    convs = [n for n in rec.training[0].joint.graph.graph.nodes if "convolution" in str(n.target)]
+    dtypes = {v.dtype for n in convs for v in pytree.tree_leaves(n.meta["val"]) if v is not None}
+    assert len(convs) == 2 and dtypes == {torch.float32 if mode == "float32" else torch.bfloat16}, convs

@@ -15,8 +15,9 @@ lowering then runs as an extern call. cpu/policy.py hands them to the trace (``C
 
 A claim checks the device of its tensors, so tracing a CUDA graph is untouched. Each measured
 choice is timed once per machine, thread count and shape (cpu/timing.py) and printed in the ATen
-graph's header; the knobs MINICOMPILE_CPU_GEMM and MINICOMPILE_CPU_ATTENTION pin them
-(MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries). What was measured where: docs/models.md.
+graph's header; the knobs MINICOMPILE_CPU_GEMM, MINICOMPILE_CPU_NARROW_GEMM and
+MINICOMPILE_CPU_ATTENTION pin them (MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries).
+What was measured where: docs/models.md.
 """
 from __future__ import annotations
 
@@ -159,11 +160,11 @@ def _claim_mm(mat1, mat2):
 
 # -- bfloat16/float16 products: the library's narrow kernel, or float32 on converted operands -------
 
-def narrow_gemm_decision(a, b) -> Decision | None:
+def narrow_gemm_decision(a, b, op: str = "mm") -> Decision | None:
     """The library's bfloat16/float16 kernel for ``a @ b`` (mm or bmm), as eager, or the float32
     product of the operands converted (exactly: every narrow value is a float32 one), rounded once
     to the narrow dtype; None for other products. Both accumulate in float32, so they differ only
-    in the order of the sum. A CPU without instructions for the dtype (AVX2: no avx512_bf16 or
+    in the order of the sum (convolutions, forward and backward, likewise). A CPU without instructions for the dtype (AVX2: no avx512_bf16 or
     amx_bf16) converts inside the library at 10-45x the float32 product's time (docs/training.md),
     so there the float32 form is chosen; a CPU with them keeps the library. Decided by the CPU's
     flags, not timed: the timing counts process CPU time, which a threaded float32 product
@@ -178,20 +179,42 @@ def narrow_gemm_decision(a, b) -> Decision | None:
     flags = [f for f in NARROW_FLAGS[a.dtype] if f in cpu_flags()]
     decision = Decision("library" if flags else "float32",
                         note=f"this CPU has {', '.join(flags)}" if flags else f"this CPU has no {dtype} instructions")
-    record(decision.line(f"{dtype} {'bmm' if a.dim() == 3 else 'mm'}"))
+    record(decision.line(f"{dtype} {op}"))
     return decision
 
 
-# The instructions that compute in a narrow dtype: with one of them the library's kernel may win.
 NARROW_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
 def _narrow_as_float32(op, a, b):
-    decision = narrow_gemm_decision(a, b)
+    decision = narrow_gemm_decision(a, b, "bmm" if op is aten.bmm.default else "mm")
     if decision is None or decision.choice != "float32":
         return None
-    wide = op(aten._to_copy.default(a, dtype=torch.float32), aten._to_copy.default(b, dtype=torch.float32))
-    return aten._to_copy.default(wide, dtype=a.dtype)
+    return _narrow(op(_wide(a), _wide(b)), a.dtype)
+
+
+def _wide(t):
+    return None if t is None else aten._to_copy.default(t, dtype=torch.float32)
+
+
+def _narrow(t, dtype):
+    return None if t is None else aten._to_copy.default(t, dtype=dtype)
+
+
+def _claim_convolution(input, weight, bias, *conv):
+    """A bfloat16/float16 convolution in float32 (narrow_gemm_decision), else the float32 claim."""
+    decision = narrow_gemm_decision(input, weight, "convolution")
+    if decision is None or decision.choice != "float32":
+        return claim_convolution(input, weight, bias, *conv)
+    return _narrow(aten.convolution.default(_wide(input), _wide(weight), _wide(bias), *conv), input.dtype)
+
+
+def _claim_convolution_backward(grad, input, weight, *conv):
+    decision = narrow_gemm_decision(input, weight, "convolution backward")
+    if decision is None or decision.choice != "float32" or grad.dtype != input.dtype:
+        return None
+    grads = aten.convolution_backward.default(_wide(grad), _wide(input), _wide(weight), *conv)
+    return tuple(_narrow(g, input.dtype) for g in grads)
 
 
 def fold_gelu_into_onednn_linear(gm: torch.fx.GraphModule) -> int:
@@ -346,7 +369,8 @@ CPU_CLAIMS = {
     aten.mm.default: _claim_mm,
     aten.bmm.default: lambda a, b: _narrow_as_float32(aten.bmm.default, a, b),
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
-    aten.convolution.default: claim_convolution,   # channels-last input (cpu/conv_layout.py)
+    aten.convolution.default: _claim_convolution,  # channels-last input (cpu/conv_layout.py)
+    aten.convolution_backward.default: _claim_convolution_backward,
 }
 
 

@@ -240,3 +240,15 @@ def test_narrow_convolutions_and_their_backward_run_as_the_library_or_in_float32
     convs = [n for n in rec.training[0].joint.graph.graph.nodes if "convolution" in str(n.target)]
     dtypes = {v.dtype for n in convs for v in pytree.tree_leaves(n.meta["val"]) if v is not None}
     assert len(convs) == 2 and dtypes == {torch.float32 if mode == "float32" else torch.bfloat16}, convs
+
+
+@pytest.mark.parametrize("op", ["linear", "addmm"])
+def test_a_narrow_linear_rounds_once_as_eager(op):
+    """Eager's bfloat16 linear/addmm adds the bias before its one rounding; mm then add rounded
+    29% of these elements differently."""
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(*s).bfloat16() for s in ((16, 32), (96, 32), (96,)))
+    fn = (lambda x, w, b: F.linear(x, w, b)) if op == "linear" else (lambda x, w, b: torch.addmm(b, x, w.t()))
+    with patch(cpu_narrow_gemm="float32"):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), [x, w, b])
+    assert torch.equal(compiled(x, w, b), fn(x, w, b))

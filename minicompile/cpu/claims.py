@@ -143,6 +143,8 @@ def _onednn_available() -> bool:
 
 
 def _claim_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if _narrow_in_float32(mat1, mat2, "addmm"):   # the bias added before the one rounding, as eager
+        return _narrow(aten.addmm.default(_wide(self), _wide(mat1), _wide(mat2), beta=beta, alpha=alpha), mat1.dtype)
     if beta == 1 and alpha == 1 and self.dim() == 1 and self.shape[0] == mat2.shape[1] and self.dtype == mat1.dtype \
             and use_onednn_linear(mat1, mat2):
         return torch.ops.mkldnn._linear_pointwise.default(mat1, aten.t.default(mat2), self, "none", [], "")
@@ -186,11 +188,23 @@ def narrow_gemm_decision(a, b, op: str = "mm") -> Decision | None:
 NARROW_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
+def _narrow_in_float32(a, b, op: str) -> bool:
+    decision = narrow_gemm_decision(a, b, op)
+    return decision is not None and decision.choice == "float32"
+
+
 def _narrow_as_float32(op, a, b):
-    decision = narrow_gemm_decision(a, b, "bmm" if op is aten.bmm.default else "mm")
-    if decision is None or decision.choice != "float32":
+    if not _narrow_in_float32(a, b, "bmm" if op is aten.bmm.default else "mm"):
         return None
     return _narrow(op(_wide(a), _wide(b)), a.dtype)
+
+
+def _claim_linear(input, weight, bias=None):
+    """A bfloat16/float16 linear in float32, its bias added before the one rounding (eager's
+    kernel rounds once; the decomposition's mm, then add, rounded 29% of elements differently)."""
+    if not _narrow_in_float32(input, weight, "linear"):
+        return None
+    return _narrow(aten.linear.default(_wide(input), _wide(weight), _wide(bias)), input.dtype)
 
 
 def _wide(t):
@@ -203,15 +217,13 @@ def _narrow(t, dtype):
 
 def _claim_convolution(input, weight, bias, *conv):
     """A bfloat16/float16 convolution in float32 (narrow_gemm_decision), else the float32 claim."""
-    decision = narrow_gemm_decision(input, weight, "convolution")
-    if decision is None or decision.choice != "float32":
+    if not _narrow_in_float32(input, weight, "convolution"):
         return claim_convolution(input, weight, bias, *conv)
     return _narrow(aten.convolution.default(_wide(input), _wide(weight), _wide(bias), *conv), input.dtype)
 
 
 def _claim_convolution_backward(grad, input, weight, *conv):
-    decision = narrow_gemm_decision(input, weight, "convolution backward")
-    if decision is None or decision.choice != "float32" or grad.dtype != input.dtype:
+    if grad.dtype != input.dtype or not _narrow_in_float32(input, weight, "convolution backward"):
         return None
     grads = aten.convolution_backward.default(_wide(grad), _wide(input), _wide(weight), *conv)
     return tuple(_narrow(g, input.dtype) for g in grads)
@@ -367,6 +379,7 @@ def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *,
 CPU_CLAIMS = {
     aten.addmm.default: _claim_addmm,
     aten.mm.default: _claim_mm,
+    aten.linear.default: _claim_linear,
     aten.bmm.default: lambda a, b: _narrow_as_float32(aten.bmm.default, a, b),
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
     aten.convolution.default: _claim_convolution,  # channels-last input (cpu/conv_layout.py)

@@ -252,3 +252,12 @@ def test_a_narrow_linear_rounds_once_as_eager(op):
     with patch(cpu_narrow_gemm="float32"):
         compiled = compile_graph(torch.fx.symbolic_trace(fn), [x, w, b])
     assert torch.equal(compiled(x, w, b), fn(x, w, b))
+
+
+def test_a_cast_to_bfloat16_rounds_once_in_the_kernel():
+    """Autocast's casts are _to_copy kernels: the cast's rounding, and the rounding of the narrow
+    value it stores, were both emitted (mc_round_bf16(mc_round_bf16(x))); one is enough."""
+    x = torch.randn(64)
+    compiled = compile_graph(torch.fx.symbolic_trace(lambda x: x.bfloat16()), [x])
+    assert compiled.kernel_source.count("mc_round_bf16(") == 1, compiled.kernel_source
+    assert torch.equal(compiled(x), x.bfloat16())

@@ -79,6 +79,9 @@ class CppOps:
     # move with the innermost loop variable alone (and hoisted values, literals) go into arrays
     # filled by one loop before the kernel's loops. None: off.
     channel: ChannelValues | None = None
+    # Temporaries that hold bfloat16/float16 values exactly (a narrow load, a rounding): rounding
+    # them again to that dtype changes nothing, so it is not emitted.
+    narrow: dict = field(default_factory=dict)
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False,
              channel: bool = False) -> CV:
@@ -130,7 +133,10 @@ class CppOps:
             return CV(raw, dtype)
         per_row = (not hoist and self.before_loop is not None and ptr in self.read_only
                    and not atoms_of(index) & self.loop_vars)
-        return self._tmp(compute_dtype(dtype), raw, hoist, per_row)
+        value = self._tmp(compute_dtype(dtype), raw, hoist, per_row)
+        if dtype in (torch.bfloat16, torch.float16):
+            self.narrow[value.expr] = dtype
+        return value
 
     def constant(self, value, dtype):
         value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
@@ -152,10 +158,13 @@ class CppOps:
 
     def to_dtype(self, x, dtype):
         where = dict(hoist=self._hoistable(x), channel=self._per_channel(x))
-        if dtype == torch.bfloat16:
-            return self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", **where)
-        if dtype == torch.float16:
-            return self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", **where)
+        if dtype in (torch.bfloat16, torch.float16):
+            if self.narrow.get(x.expr) == dtype:
+                return x
+            value = self._tmp(torch.float32, f"mc_round_{'bf16' if dtype == torch.bfloat16 else 'f16'}("
+                                             f"{_cast(x, torch.float32)})", **where)
+            self.narrow[value.expr] = dtype
+            return value
         if x.dtype == dtype:
             return x
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):

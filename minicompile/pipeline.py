@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.autocast import autocast_enabled, autocast_off
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.passes import compile_passes, prepare_aten, trace_inference, traced_as
 from minicompile.aot.runtime import InTracedLayouts, in_layouts, traced_inputs
@@ -85,7 +86,11 @@ class CompiledGraph:
     def run_compiled(self, args: tuple):
         if self.lifted:
             args = args + self.lifted
-        flat = self.run(args)
+        if autocast_enabled():    # the graph holds autocast's casts already (aot/autocast.py)
+            with autocast_off():
+                flat = self.run(args)
+        else:
+            flat = self.run(args)
         if self.mutated_inputs:
             torch.autograd.graph.increment_version([args[k] for k in self.mutated_inputs])
         if self._returns_flat_tuple:

@@ -257,15 +257,9 @@ def _mutate_an_input_that_requires_grad(x, w):
     return (y * y).sum()
 
 
-def _autocast_fn(x, w):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        return (x @ w).float().sum()
-
-
 FALLBACKS = {
     "mutated_input_requires_grad": (_mutate_an_input_that_requires_grad,
                                     (torch.randn(4), torch.randn(4, requires_grad=True)), "mutates an input that"),
-    "autocast": (_autocast_fn, (torch.randn(4, 6), torch.randn(6, 3, requires_grad=True)), "autocast"),
     "output_aliases_input": (lambda x, w: ((x * w).sum(), w.view(-1)),
                              (torch.randn(4), torch.randn(4, requires_grad=True)), "aliases"),
 }

@@ -21,7 +21,8 @@ def kept_global_state():
     forward_grad = torch._C._is_fwd_grad_enabled()
     dispatch_modes = torch._C._len_torch_dispatch_stack()
     default_dtype = torch.get_default_dtype()
-    autocast = {d: torch.is_autocast_enabled(d) for d in ("cpu", "cuda")}
+    autocast = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
+    autocast_cache = torch.is_autocast_cache_enabled()
     try:
         yield
     finally:
@@ -32,5 +33,7 @@ def kept_global_state():
         torch.set_grad_enabled(grad)
         torch._C._set_fwd_grad_enabled(forward_grad)
         torch.set_default_dtype(default_dtype)
-        for device, enabled in autocast.items():
+        for device, (enabled, dtype) in autocast.items():
             torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(autocast_cache)

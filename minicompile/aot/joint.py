@@ -7,7 +7,9 @@ make_fx runs "the forward, then ``torch.autograd.grad`` of its differentiable ou
 tangent inputs" on fake tensors with our decomposition table, so autograd's backward formulas (``threshold_backward``, ``native_layer_norm_backward``, ...) decompose
 into core ops (decomp/backward.py) and fuse like forward ones. ``grads[k]`` is the gradient
 of primal ``grad_inputs[k]`` (None where no output depends on it). Each backward node carries
-the source line of the forward node it differentiates (aot/backward_sources.py).
+the source line of the forward node it differentiates (aot/backward_sources.py). Under
+autocast the forward records eager's casts and the backward is traced with autocast off
+(aot/autocast.py).
 
 The result is functional, as the inference trace is, but not through torch.func.functionalize:
 its wrappers hide ``requires_grad`` from autograd inside the transform. In-place ops on
@@ -27,7 +29,7 @@ recomputes them, so backward reads the forward's mask.
 Graphs whose training semantics the partitioned runtime does not reproduce yet are refused
 up front with a reason (``TrainingUnsupported``); the caller runs them eagerly, so no
 gradient is ever wrong: mutation of an input that requires grad, outputs aliasing inputs or
-each other, autocast, tensor attributes that require grad (their gradient would be lost),
+each other, tensor attributes that require grad (their gradient would be lost),
 data-dependent sizes in the joint graph, and random draws in a checkpointed region that does not
 preserve the RNG state (``torch.utils.checkpoint`` regions: aot/checkpoint.py).
 """
@@ -46,6 +48,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, S
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
+from minicompile.aot.autocast import autocast_off, no_autocast_cache
 from minicompile.aot.fake import make_fx_aten, real_constants_allowed, to_fake, tracing
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
 from minicompile.aot.backward_sources import SourceInterpreter, backward_sources
@@ -95,7 +98,8 @@ def fake_forward(gm, ctx: JointContext):
     it reveals (mutation of an input that requires grad, outputs aliasing inputs)."""
     ctx.fake_mode = detect_fake_mode(ctx.inputs) or FakeTensorMode(shape_env=ShapeEnv())
     primals = [to_fake(ctx.fake_mode, x) for x in ctx.inputs]
-    ctx.outputs = _fake_forward(gm, primals, ctx.fake_mode)
+    with ctx.autocast.applied():
+        ctx.outputs = _fake_forward(gm, primals, ctx.fake_mode)
     ctx.grad_inputs = tuple(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad)
     ctx.diff_outputs = tuple(i for i, o in enumerate(ctx.outputs)
                              if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point)
@@ -147,7 +151,8 @@ def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_
 
 
 def _trace(joint_fn, ctx):
-    with torch.enable_grad(), real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta():
+    with (torch.enable_grad(), real_constants_allowed(ctx.fake_mode), torch.fx.traceback.preserve_node_meta(),
+          ctx.autocast.applied()):
         try:
             return make_fx_aten(joint_fn, ctx, trace.trace_table(ctx.policy.claims))
         except GuardOnDataDependentSymNode as e:
@@ -168,7 +173,9 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
         if mode is not None and mode.claimed:
             tangents = tangents_like(tangents, [outputs[i] for i in diff_outputs])
             outputs = restore_outputs(outputs, eager_outputs)
-        with backward_sources(run, outputs):   # backward nodes get their forward node's source line
+        # backward nodes get their forward node's source line; autocast is off, as in eager's
+        # backward() after the autocast block (aot/autocast.py)
+        with backward_sources(run, outputs), autocast_off():
             grads = torch.autograd.grad([outputs[i] for i in diff_outputs], [primals[i] for i in grad_inputs],
                                         tangents, allow_unused=True)
         if mode is not None and mode.claimed:
@@ -180,7 +187,7 @@ def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tupl
 def _fake_forward(gm, primals: list, fake_mode) -> list:
     """Run the forward on fake tensors: its outputs' metadata, and the refusals it reveals."""
     versions = [p._version if isinstance(p, torch.Tensor) else None for p in primals]
-    with torch.enable_grad(), fake_mode, real_constants_allowed(fake_mode):
+    with torch.enable_grad(), fake_mode, real_constants_allowed(fake_mode), no_autocast_cache():
         outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
     if any(isinstance(p, torch.Tensor) and p._version != v and p.requires_grad for p, v in zip(primals, versions)):
         raise TrainingUnsupported("the graph mutates an input that requires grad")
@@ -199,17 +206,8 @@ def _check_aliasing(primals: list, outputs: list) -> None:
         seen.add(ref)
 
 
-# Targets in a captured graph that switch autocast on or off (Dynamo records the context manager).
-_AUTOCAST_NAMES = ("autocast", "_enter_autocast", "_exit_autocast", "set_autocast_enabled")
-
-
 def _check_graph(gm: torch.fx.GraphModule) -> None:
-    if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
-        raise TrainingUnsupported("autocast is enabled")
     for node in gm.graph.nodes:
-        name = getattr(node.target, "__name__", str(node.target))
-        if node.op == "call_function" and any(a in name for a in _AUTOCAST_NAMES):
-            raise TrainingUnsupported("the graph enters or leaves autocast")
         if node.op == "get_attr":
             value = getattr(gm, node.target, None)
             if isinstance(value, torch.Tensor) and value.requires_grad:

@@ -5,7 +5,9 @@
 Each pass is an ``AtenPass(name, run)`` with ``run(gm, ctx) -> gm``. The runner times each and
 stamps the result, as thunder's traces do: ``gm.meta["constructed_by"]`` is a list of
 ``(by, [(pass name, seconds), ...])``, one entry per runner that worked on the graph, oldest
-first (a half of the joint graph carries trace_joint's, partition's and compile_aten's).
+first (a half of the joint graph carries trace_joint's, partition's and compile_aten's). Passes
+run with autocast off; the ones that trace the captured graph apply the recorded state
+(aot/autocast.py).
 ``constructed_by(gm)`` prints them as the header of the ATen graph:
 
     # Constructed by trace_joint: custom_ops 0.0 ms, fake_forward 28.4 ms, trace 793.6 ms, ... (823 ms)
@@ -20,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from minicompile.aot.autocast import autocast_off
+
 
 @dataclass(frozen=True)
 class AtenPass:
@@ -31,10 +35,11 @@ def run_passes(gm: torch.fx.GraphModule, ctx, passes, by: str) -> torch.fx.Graph
     """Run ``passes`` in order; the result's stamps gain ``(by, [(name, seconds), ...])``."""
     history = list(gm.meta.get("constructed_by", ()))
     stamps = []
-    for p in passes:
-        t0 = time.perf_counter()
-        gm = p.run(gm, ctx)
-        stamps.append((p.name, time.perf_counter() - t0))
+    with autocast_off():   # the passes that trace the captured graph apply ctx.autocast (aot/autocast.py)
+        for p in passes:
+            t0 = time.perf_counter()
+            gm = p.run(gm, ctx)
+            stamps.append((p.name, time.perf_counter() - t0))
     gm.meta["constructed_by"] = [*history, (by, stamps)]
     return gm
 

@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
 
+from minicompile.aot.autocast import AutocastState
 from minicompile.aot.custom_ops import functionalize_custom_ops
 from minicompile.aot.fake import is_symbolic, make_fx_aten, to_fake, tracing
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
@@ -50,6 +51,7 @@ class PassContext:
     static: frozenset = frozenset()                # positions of parameter/buffer inputs (cpu/prepare.py)
     policy: DevicePolicy = NEUTRAL                 # the backend's claims and passes (aot/policy.py)
     choices: list = field(default_factory=list)    # what the policy measured, one line each (the header)
+    autocast: AutocastState = field(default_factory=AutocastState.current)   # applied by the tracing passes
 
 
 def lift(gm, ctx: PassContext):
@@ -74,7 +76,7 @@ def functionalize(gm, ctx: PassContext):
     ctx.fake_inputs = [to_fake(ctx.fake_mode, x) for x in ctx.inputs]
     ctx.symbolic = any(is_symbolic(x) for x in ctx.fake_inputs)
 
-    with tracing(ctx):
+    with tracing(ctx), ctx.autocast.applied():
         if _runs_functorch_transforms(gm):
             gm = _without_functorch_transforms(gm, ctx)
 

@@ -7,6 +7,7 @@ lowering then runs as an extern call. cpu/policy.py hands them to the trace (``C
     CPU_CLAIMS          op -> claim(*args, **kwargs): the claimed result, or None to defer to
                         the device-neutral decomposition (thunder's executors claim ops the same way)
     gemm_decision       a float32 product as oneDNN's matmul or MKL's sgemm, measured or pinned
+    narrow_gemm_decision  a bfloat16/float16 product as the library's kernel or in float32, likewise
     attention_decision  eager's fused flash attention or our math form, measured or pinned
     claim_convolution   NHWC input for oneDNN, inside inference traces only (cpu/conv_layout.py)
     fold_gelu_into_onednn_linear   an ATen pass: GELU as oneDNN's post-op
@@ -14,8 +15,9 @@ lowering then runs as an extern call. cpu/policy.py hands them to the trace (``C
 
 A claim checks the device of its tensors, so tracing a CUDA graph is untouched. Each measured
 choice is timed once per machine, thread count and shape (cpu/timing.py) and printed in the ATen
-graph's header; the knobs MINICOMPILE_CPU_GEMM and MINICOMPILE_CPU_ATTENTION pin them
-(MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries). What was measured where: docs/models.md.
+graph's header; the knobs MINICOMPILE_CPU_GEMM, MINICOMPILE_CPU_NARROW_GEMM and
+MINICOMPILE_CPU_ATTENTION pin them (MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries).
+What was measured where: docs/models.md.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 from minicompile.cpu.conv_layout import claim_convolution
 from minicompile.config import config
 from minicompile.runtime import cache
-from minicompile.cpu.timing import Decision, choose, cpu_name, pick, real_tensors, record, recorded_times
+from minicompile.cpu.timing import Decision, choose, cpu_flags, cpu_name, pick, real_tensors, record, recorded_times
 
 aten = torch.ops.aten
 
@@ -141,6 +143,8 @@ def _onednn_available() -> bool:
 
 
 def _claim_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if _narrow_in_float32(mat1, mat2, "addmm"):   # the bias added before the one rounding, as eager
+        return _narrow(aten.addmm.default(_wide(self), _wide(mat1), _wide(mat2), beta=beta, alpha=alpha), mat1.dtype)
     if beta == 1 and alpha == 1 and self.dim() == 1 and self.shape[0] == mat2.shape[1] and self.dtype == mat1.dtype \
             and use_onednn_linear(mat1, mat2):
         return torch.ops.mkldnn._linear_pointwise.default(mat1, aten.t.default(mat2), self, "none", [], "")
@@ -148,9 +152,81 @@ def _claim_addmm(self, mat1, mat2, *, beta=1, alpha=1):
 
 
 def _claim_mm(mat1, mat2):
+    narrow = _narrow_as_float32(aten.mm.default, mat1, mat2)
+    if narrow is not None:
+        return narrow
     if use_onednn_linear(mat1, mat2):
         return torch.ops.mkldnn._linear_pointwise.default(mat1, aten.t.default(mat2), None, "none", [], "")
     return None
+
+
+# -- bfloat16/float16 products: the library's narrow kernel, or float32 on converted operands -------
+
+def narrow_gemm_decision(a, b, op: str = "mm") -> Decision | None:
+    """The library's bfloat16/float16 kernel for ``a @ b`` (mm or bmm), as eager, or the float32
+    product of the operands converted (exactly: every narrow value is a float32 one), rounded once
+    to the narrow dtype; None for other products. Both accumulate in float32, so they differ only
+    in the order of the sum (convolutions, forward and backward, likewise). A CPU without instructions for the dtype (AVX2: no avx512_bf16 or
+    amx_bf16) converts inside the library at 10-45x the float32 product's time (docs/training.md),
+    so there the float32 form is chosen; a CPU with them keeps the library. Decided by the CPU's
+    flags, not timed: the timing counts process CPU time, which a threaded float32 product
+    inflates with its OpenMP threads' spinning (9.5 ms against 0.3 ms). Pinned by
+    ``config.cpu_narrow_gemm``; recorded for the ATen graph's header."""
+    if not (a.device.type == "cpu" and a.dtype == b.dtype and a.dtype in NARROW_FLAGS):
+        return None
+    mode, pinned = _pinned("cpu_narrow_gemm", "MINICOMPILE_CPU_NARROW_GEMM", eager="library")
+    if pinned:
+        return Decision(mode, pinned)
+    dtype = str(a.dtype).split(".")[-1]
+    flags = [f for f in NARROW_FLAGS[a.dtype] if f in cpu_flags()]
+    decision = Decision("library" if flags else "float32",
+                        note=f"this CPU has {', '.join(flags)}" if flags else f"this CPU has no {dtype} instructions")
+    record(decision.line(f"{dtype} {op}"))
+    return decision
+
+
+NARROW_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+
+
+def _narrow_in_float32(a, b, op: str) -> bool:
+    decision = narrow_gemm_decision(a, b, op)
+    return decision is not None and decision.choice == "float32"
+
+
+def _narrow_as_float32(op, a, b):
+    if not _narrow_in_float32(a, b, "bmm" if op is aten.bmm.default else "mm"):
+        return None
+    return _narrow(op(_wide(a), _wide(b)), a.dtype)
+
+
+def _claim_linear(input, weight, bias=None):
+    """A bfloat16/float16 linear in float32, its bias added before the one rounding (eager's
+    kernel rounds once; the decomposition's mm, then add, rounded 29% of elements differently)."""
+    if not _narrow_in_float32(input, weight, "linear"):
+        return None
+    return _narrow(aten.linear.default(_wide(input), _wide(weight), _wide(bias)), input.dtype)
+
+
+def _wide(t):
+    return None if t is None else aten._to_copy.default(t, dtype=torch.float32)
+
+
+def _narrow(t, dtype):
+    return None if t is None else aten._to_copy.default(t, dtype=dtype)
+
+
+def _claim_convolution(input, weight, bias, *conv):
+    """A bfloat16/float16 convolution in float32 (narrow_gemm_decision), else the float32 claim."""
+    if not _narrow_in_float32(input, weight, "convolution"):
+        return claim_convolution(input, weight, bias, *conv)
+    return _narrow(aten.convolution.default(_wide(input), _wide(weight), _wide(bias), *conv), input.dtype)
+
+
+def _claim_convolution_backward(grad, input, weight, *conv):
+    if grad.dtype != input.dtype or not _narrow_in_float32(input, weight, "convolution backward"):
+        return None
+    grads = aten.convolution_backward.default(_wide(grad), _wide(input), _wide(weight), *conv)
+    return tuple(_narrow(g, input.dtype) for g in grads)
 
 
 def fold_gelu_into_onednn_linear(gm: torch.fx.GraphModule) -> int:
@@ -303,8 +379,11 @@ def _claim_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, *,
 CPU_CLAIMS = {
     aten.addmm.default: _claim_addmm,
     aten.mm.default: _claim_mm,
+    aten.linear.default: _claim_linear,
+    aten.bmm.default: lambda a, b: _narrow_as_float32(aten.bmm.default, a, b),
     aten._scaled_dot_product_flash_attention_for_cpu.default: _claim_flash_attention,
-    aten.convolution.default: claim_convolution,   # channels-last input (cpu/conv_layout.py)
+    aten.convolution.default: _claim_convolution,  # channels-last input (cpu/conv_layout.py)
+    aten.convolution_backward.default: _claim_convolution_backward,
 }
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from minicompile.aot.autocast import autocast_off
 from minicompile.runtime.autotune import load_timings, save_choice
 
 log = logging.getLogger("minicompile")
@@ -90,8 +91,8 @@ def library_times(key: str, candidates: dict, what: str = "") -> dict:
 
 @contextlib.contextmanager
 def real_tensors():
-    """Leave a trace's fake and proxy modes (and grad mode) to time real library calls."""
-    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+    """Leave a trace's fake and proxy modes (and grad mode, and autocast) to time real library calls."""
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad(), autocast_off():
         yield
 
 
@@ -114,6 +115,16 @@ def _interleaved_best(candidates: dict) -> dict:
         if rounds >= LIBRARY_ROUNDS[0] and time.perf_counter() - start >= LIBRARY_BUDGET_S:
             break
     return {name: min(ts) for name, ts in times.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags (``avx2``, ``avx512_bf16``, ...); empty where /proc/cpuinfo is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return frozenset()
 
 
 @functools.lru_cache(maxsize=None)

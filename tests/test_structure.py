@@ -64,6 +64,8 @@ ALLOWED_FUNCTION_IMPORTS = {
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
     ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/train_models.py", "transformers"):
+        "optional dependency, the HF models of bench --train --models only",
     ("minicompile/testing/tryout_models.py", "timm"): "optional dependency, the real-model tryout's timm rows only",
     ("minicompile/testing/tryout_models.py", "transformers"):
         "optional dependency, the real-model tryout's HF rows only",

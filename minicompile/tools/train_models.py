@@ -18,7 +18,8 @@ with eager's; the models are otherwise as their configs build them (attention th
            vision: tools/models.py's full models and images, batch 2
     quick  HF: 2 layers, hidden 128, 2 heads (Llama: 1 key/value head), 2 x 32 tokens;
            vision: the full architectures at 2 x 3 x 64 x 64 (ViT: 2 of its blocks)
-    tiny   (the tests) HF: 1 layer, hidden 64, 1 x 16 tokens; vision: tools/models.py's tiny ones, batch 2
+    tiny   (the tests) HF: 1 layer, hidden 64, 1 x 16 tokens; vision: tools/models.py's tiny ones
+           (ResNet: one BasicBlock a stage), batch 2
            (BatchNorm in train mode needs more than one value per channel)
 
 ``TRAIN_MODELS[name].build(size)`` returns ``(model in train mode, inputs)``; the HF models
@@ -100,7 +101,7 @@ def _describe_hf(kind: str, size: str) -> str:
 
 VISION = {   # name: size -> (model, batch, image side)
     "resnet18": {"full": lambda: (ResNet18(), 2, 128), "quick": lambda: (ResNet18(), 2, 64),
-                 "tiny": lambda: (ResNet18((8, 8, 16, 16), 10), 2, 32)},
+                 "tiny": lambda: (ResNet18((8, 8, 16, 16), 10, depth=1), 2, 32)},
     "vit": {"full": lambda: (ViT(), 2, 224), "quick": lambda: (ViT(img=64, depth=2), 2, 64),
             "tiny": lambda: (ViT(32, 8, 16, 2, 2, 10), 2, 32)},
     "convnext": {"full": lambda: (ConvNeXt(), 2, 128), "quick": lambda: (ConvNeXt(), 2, 64),

@@ -71,12 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "cold compile times and bytes saved for backward (docs/training.md)")
     bench.add_argument("--models", action="store_true",
                        help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
-                            "--workloads picks models; docs/models.md); with --train: training steps of HF GPT-2, "
-                            "Llama, BERT, ResNet-18, ViT-Tiny, ConvNeXt-Atto (docs/training.md)")
-    bench.add_argument("--no-cold-compile", action="store_true",
-                       help="with --train: skip the cold compiles (each compiler's first step in a fresh process)")
-    bench.add_argument("--autocast", choices=["bf16", "fp16"],
-                       help="with --train --models: every column's forward under torch.autocast('cpu', dtype)")
+                            "--workloads picks models; docs/models.md); with --train: HF GPT-2/Llama/BERT, ResNet, ViT, ConvNeXt")
+    bench.add_argument("--no-cold-compile", action="store_true", help="with --train: no cold-compile processes")
+    bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --train --models: forwards under CPU autocast")
     bench.add_argument("--dynamic", action="store_true",
                        help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
                             "(docs/dynamic.md)")
@@ -131,18 +128,14 @@ def _bench(args) -> int:
         if args.device != "cpu" or args.plot:
             print("minicompile bench --train: CPU only, no --plot", file=sys.stderr)
             return 2
-        if args.models:
-            from minicompile.tools import bench_train_models
-            size = args.size or ("quick" if args.quick else "full")
-            names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
-            return bench_train_models.run_train_models_bench(names, size, bench_train_models.REPS[size],
-                                                             not args.no_inductor, args.json, args.autocast,
-                                                             not args.no_cold_compile)
-        from minicompile.tools import bench_train
+        from minicompile.tools import bench_train, bench_train_models
         size = args.size or ("quick" if args.quick else "full")
-        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_train.TRAIN_WORKLOADS)
-        return bench_train.run_train_bench(names, size, bench_train.REPS[size], not args.no_inductor, args.json,
-                                           not args.no_cold_compile)
+        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else None
+        if args.models:
+            return bench_train_models.run_train_models_bench(names, size, bench_train.REPS[size], not args.no_inductor,
+                                                             args.json, args.autocast, not args.no_cold_compile)
+        return bench_train.run_train_bench(names or list(bench_train.TRAIN_WORKLOADS), size, bench_train.REPS[size],
+                                           not args.no_inductor, args.json, not args.no_cold_compile)
     if args.dynamic:
         from minicompile.tools import bench_dynamic
         size = args.size or ("quick" if args.quick else "full")

@@ -120,8 +120,10 @@ def _vision(name: str, size: str) -> tuple:
 def _describe_vision(name: str, size: str) -> str:
     model, batch, side = VISION[name][size]()
     params = sum(p.numel() for p in model.parameters())
-    kind = "full" if size != "tiny" else "reduced"
-    return f"{VISION_NAMES[name]} ({kind}, {params / 1e6:.2f}M parameters), {batch}x3x{side}x{side}, cross-entropy"
+    kind = "reduced widths, " if size == "tiny" else ""
+    blocks = f"{len(model.blocks)} blocks, " if name in ("vit", "resnet18") else ""
+    return (f"{VISION_NAMES[name]} ({kind}{blocks}{params / 1e6:.2f}M parameters), {batch}x3x{side}x{side}, "
+            "cross-entropy")
 
 
 @dataclass

@@ -4,6 +4,7 @@
     minicompile report TARGET [--train] [--profile] [--out FILE.html]
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
+    minicompile bench --train --models [--quick] [--workloads gpt2,resnet18,...] [--autocast bf16] [--json FILE]
     minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
     minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
@@ -70,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "cold compile times and bytes saved for backward (docs/training.md)")
     bench.add_argument("--models", action="store_true",
                        help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
-                            "--workloads picks models; docs/models.md)")
+                            "--workloads picks models; docs/models.md); with --train: HF GPT-2/Llama/BERT, ResNet, ViT, ConvNeXt")
+    bench.add_argument("--no-cold-compile", action="store_true", help="with --train: no cold-compile processes")
+    bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --train --models: forwards under CPU autocast")
     bench.add_argument("--dynamic", action="store_true",
                        help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
                             "(docs/dynamic.md)")
@@ -118,14 +121,21 @@ def _report(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.autocast and not (args.train and args.models):
+        print("minicompile bench: --autocast is for --train --models", file=sys.stderr)
+        return 2
     if args.train:
         if args.device != "cpu" or args.plot:
             print("minicompile bench --train: CPU only, no --plot", file=sys.stderr)
             return 2
-        from minicompile.tools import bench_train
+        from minicompile.tools import bench_train, bench_train_models
         size = args.size or ("quick" if args.quick else "full")
-        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_train.TRAIN_WORKLOADS)
-        return bench_train.run_train_bench(names, size, bench_train.REPS[size], not args.no_inductor, args.json)
+        names = [w.strip() for w in args.workloads.split(",")] if args.workloads else None
+        if args.models:
+            return bench_train_models.run_train_models_bench(names, size, bench_train.REPS[size], not args.no_inductor,
+                                                             args.json, args.autocast, not args.no_cold_compile)
+        return bench_train.run_train_bench(names or list(bench_train.TRAIN_WORKLOADS), size, bench_train.REPS[size],
+                                           not args.no_inductor, args.json, not args.no_cold_compile)
     if args.dynamic:
         from minicompile.tools import bench_dynamic
         size = args.size or ("quick" if args.quick else "full")

@@ -35,7 +35,7 @@ TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
 STAGE_BUDGETS = {"capture": 6079, "aot": 2599, "cpu": 1305, "decomp": 1404, "lowering": 1634, "ir": 1228,
-                 "scheduler": 784, "codegen": 2190, "runtime": 1154, TOP_LEVEL: 1105}
+                 "scheduler": 784, "codegen": 2190, "runtime": 1154, TOP_LEVEL: 1115}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 
@@ -64,6 +64,8 @@ ALLOWED_FUNCTION_IMPORTS = {
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
     ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/train_models.py", "transformers"):
+        "optional dependency, the HF models of bench --train --models only",
     ("minicompile/testing/tryout_models.py", "timm"): "optional dependency, the real-model tryout's timm rows only",
     ("minicompile/testing/tryout_models.py", "transformers"):
         "optional dependency, the real-model tryout's HF rows only",

@@ -131,7 +131,7 @@ def cold_compiles(name: str, size: str, columns: tuple) -> dict:
     return cold
 
 
-def run(name: str, size: str, reps: int, columns: tuple) -> dict:
+def run(name: str, size: str, reps: int, columns: tuple, cold: bool = True) -> dict:
     """One workload: compile (cold), count saved bytes, time interleaved, compare gradients."""
     torch._dynamo.reset()
     eager_graphs = EagerGraphs()
@@ -152,7 +152,7 @@ def run(name: str, size: str, reps: int, columns: tuple) -> dict:
     for c in cols.values():
         grads = [c["x"].grad] + [p.grad for p in c["model"].parameters()]
         c["max_diff"] = max((g - r).abs().max().item() for g, r in zip(grads, ref_grads))
-    cold = cold_compiles(name, size, columns)
+    cold = cold_compiles(name, size, columns) if cold else {}
     return {"workload": name, "eager_graphs": eager_graphs.reasons,
             **{col: {**{k: c[k] for k in ("median_s", "inprocess_compile_s", "saved", "max_diff")}, **cold.get(col, {})}
                for col, c in cols.items()}}
@@ -189,7 +189,7 @@ def format_table(results: list, info: dict) -> str:
 
 
 def _cold(col: dict) -> str:
-    return f"{col['compile_s']:.1f}" if "compile_s" in col else "error"
+    return f"{col['compile_s']:.1f}" if "compile_s" in col else "error" if "error" in col else "-"
 
 
 def _cold_ratio(r: dict) -> str:
@@ -197,7 +197,9 @@ def _cold_ratio(r: dict) -> str:
     return f"{mc / ind:.2f}" if mc and ind else "-"
 
 
-def run_train_bench(names: list, size: str, reps: int, inductor: bool = True, json_path: str | None = None) -> int:
+def run_train_bench(names: list, size: str, reps: int, inductor: bool = True, json_path: str | None = None,
+                    cold: bool = True) -> int:
+    """``cold=False``: no cold-compile processes (the column shows "-")."""
     unknown = [n for n in names if n not in TRAIN_WORKLOADS]
     if unknown:
         print(f"minicompile bench --train: unknown workload(s) {', '.join(unknown)}; "
@@ -205,7 +207,7 @@ def run_train_bench(names: list, size: str, reps: int, inductor: bool = True, js
         return 2
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
     columns = tuple(c for c in COMPILERS if inductor or c != "inductor")
-    results = [run(n, size, reps, columns) for n in names]
+    results = [run(n, size, reps, columns, cold) for n in names]
     info = dict(machine_info(), size=size, reps=reps)
     print(format_table(results, info), end="")
     if json_path:

@@ -1,9 +1,10 @@
 """Cold compile time: one compiler, one workload, its first call, in a fresh process with empty caches.
 
-    python -m minicompile.tools.cold_compile --kind train|models --workload NAME --size SIZE
+    python -m minicompile.tools.cold_compile --kind train|train_models|models --workload NAME --size SIZE
                                               --compiler minicompile|inductor --result FILE.json
+                                              [--autocast bf16|fp16]
 
-``bench --train`` and ``bench --models`` time both compilers in one process, where the second
+``bench --train``, ``bench --train --models`` and ``bench --models`` time both compilers in one process, where the second
 compile of anything is not cold: Dynamo, Inductor and minicompile keep in-memory caches, and
 whoever compiles first pays the process's one-time costs. So each compiler's cold compile of
 each workload is measured here instead, alone in a new process whose every cache starts empty:
@@ -40,6 +41,7 @@ import time
 import torch
 
 from minicompile.tools.models import MODELS
+from minicompile.tools.train_models import TRAIN_MODELS
 from minicompile.tools.workloads import build_train
 
 
@@ -54,13 +56,14 @@ def cold_env(tmp: str, **extra) -> dict:
     return env
 
 
-def measure(kind: str, workload: str, size: str, compiler: str, **env) -> dict:
+def measure(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None, **env) -> dict:
     """``{"compile_s", "import_s"}`` of ``compiler``'s cold compile, or ``{"error": ...}``; ``env``:
-    more environment variables for the process (``MINICOMPILE_FALLBACK="0"`` to raise on errors)."""
+    more environment variables for the process (``MINICOMPILE_FALLBACK="0"`` to raise on errors);
+    ``autocast`` ("bf16", "fp16"; train_models only): the forward runs under CPU autocast."""
     with tempfile.TemporaryDirectory(prefix="minicompile-cold-") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.cold_compile", "--kind", kind, "--workload", workload,
-               "--size", size, "--compiler", compiler, "--result", out]
+               "--size", size, "--compiler", compiler, "--result", out] + (["--autocast", autocast] if autocast else [])
         proc = subprocess.run(cmd, env=cold_env(tmp, **env), capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
@@ -83,6 +86,22 @@ def _first_train_step(name: str, size: str):
     return first_call
 
 
+def _first_train_model_step(name: str, size: str, autocast: str | None = None):
+    """A real model's first training step (its loss, then backward) as bench_train_models.setup makes it."""
+    model, inputs = TRAIN_MODELS[name].build(size)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(autocast)
+
+    def forward(fn):
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            return fn(*inputs)
+    forward(model).backward()
+    model.zero_grad(set_to_none=True)
+
+    def first_call(compile_fn):
+        forward(compile_fn(model)).backward()
+    return first_call
+
+
 def _first_inference(name: str, size: str):
     """A real model's first call under no_grad, as bench_models.run_model makes it."""
     model, inputs = MODELS[name].build(size)
@@ -95,11 +114,11 @@ def _first_inference(name: str, size: str):
     return first_call
 
 
-FIRST_CALL = {"train": _first_train_step, "models": _first_inference}
+FIRST_CALL = {"train": _first_train_step, "train_models": _first_train_model_step, "models": _first_inference}
 
 
-def run(kind: str, workload: str, size: str, compiler: str) -> dict:
-    first_call = FIRST_CALL[kind](workload, size)
+def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None) -> dict:
+    first_call = FIRST_CALL[kind](workload, size, *([autocast] if autocast else []))
     backend = "minicompile" if compiler == "minicompile" else "inductor"
     t0 = time.perf_counter()
     torch._dynamo.lookup_backend(backend)   # imports the compiler: Dynamo's registry loads it
@@ -116,8 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--size", required=True)
     p.add_argument("--compiler", choices=["inductor", "minicompile"], required=True)
     p.add_argument("--result", required=True)
+    p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models: the forward under CPU autocast")
     args = p.parse_args(argv)
-    result = run(args.kind, args.workload, args.size, args.compiler)
+    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast)
     with open(args.result, "w") as f:
         json.dump(result, f)
     return 0

@@ -49,12 +49,12 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    def __init__(self, widths=(64, 128, 256, 512), classes=1000):
+    def __init__(self, widths=(64, 128, 256, 512), classes=1000, depth=2):
         super().__init__()
         self.stem = nn.Sequential(conv_bn(3, widths[0], 7, 2), nn.MaxPool2d(3, 2, 1))
         blocks, cin = [], widths[0]
-        for i, w in enumerate(widths):
-            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+        for i, w in enumerate(widths):   # depth BasicBlocks a stage (ResNet-18: 2)
+            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2)] + [BasicBlock(w, w, 1) for _ in range(depth - 1)]
             cin = w
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(cin, classes)

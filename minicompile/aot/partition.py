@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
 from minicompile.aot.runner import stamp
@@ -139,8 +140,7 @@ class JointView:
         if written:
             raise TrainingUnsupported(f"backward reads input(s) {written} that the forward writes")
         saved = [n for n in inputs if n not in self.primals]
-        report.saved = [SavedValue(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype, nbytes(n))
-                        for n in inputs]
+        report.saved = [saved_value(n) for n in inputs]
         report.recomputed = [f"{n.name} = {n.target}" for n in self.nodes
                              if n in in_backward and n not in self.tangent_dependent]
         grads = [g for g in self.grads if isinstance(g, torch.fx.Node)]
@@ -154,9 +154,22 @@ class JointView:
                          tuple(slots), report)
 
 
+# A symbolic number saved for backward (a size) is reported as a 0-d value of its kind.
+_SYM_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+
+
+def saved_value(node: torch.fx.Node) -> SavedValue:
+    val = node.meta["val"]
+    if isinstance(val, torch.Tensor):
+        return SavedValue(node.name, tuple(val.shape), val.dtype, nbytes(node))
+    return SavedValue(node.name, (), _SYM_DTYPES.get(type(val), torch.int64), nbytes(node))
+
+
 def nbytes(node: torch.fx.Node) -> int:
+    """The value's bytes; with symbolic sizes, at the sizes of the example it was traced with (the
+    symbols' hints, read without a guard): the cut chosen there serves every size."""
     val = node.meta.get("val")
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 8
+    return optimization_hint(val.numel(), fallback=1) * val.element_size() if isinstance(val, torch.Tensor) else 8
 
 
 def extract(gm: torch.fx.GraphModule, inputs: list, outputs: list, effects: list = ()) -> torch.fx.GraphModule:
@@ -211,9 +224,10 @@ def min_cut(view: JointView) -> set:
 
 
 def _capacity(node: torch.fx.Node, view: JointView) -> dict:
-    """Saving a tensor costs its bytes, an input nothing (the caller holds it anyway); a node that
-    is not one tensor (a tuple) cannot be saved."""
-    if not isinstance(node.meta.get("val"), torch.Tensor):
+    """Saving a tensor costs its bytes, a symbolic number (a size: ``sym_size``, SymInt arithmetic)
+    8, an input nothing (the caller holds it anyway); a node that is not one tensor or number (a
+    tuple) cannot be saved."""
+    if not isinstance(node.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
         return {}
     return {"capacity": 0 if node in view.primals else nbytes(node)}
 

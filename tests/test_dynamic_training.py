@@ -120,6 +120,25 @@ def test_conv_net_with_batch_norm_over_batch_sizes(training_graphs, fresh_dynamo
         torch.testing.assert_close(getattr(model[1], name), getattr(eager[1], name))
 
 
+class Scale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        return (self.w * x).exp().sin()
+
+
+def test_a_strided_input_whose_stride_is_a_symbol_compiles(training_graphs, fresh_dynamo, caplog):
+    # x = base[::2] under dynamic=True: size (s10,), stride (s56,). The backward reads x, so it
+    # needs s56, which is no backward input's size: Dynamo's int input s56 is handed to it too
+    # (it ran eagerly: "symbols ['s56'] are no input's size"; training fuzzer seed 7)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        train_and_compare(Scale(), lambda n: (torch.randn(2 * n)[::2],), [3, 5, 8], dynamic=True)
+    assert_symbolic_builds(training_graphs, 1, caplog)
+
+
 def test_a_graph_the_symbolic_path_cannot_lower_runs_eagerly_with_the_reason(training_graphs, fresh_dynamo,
                                                                             caplog, monkeypatch):
     # a lowering gap of the symbolic path (NotSymbolic) must cost speed, never a gradient, and

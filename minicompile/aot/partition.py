@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import optimization_hint
+from torch.fx.experimental.symbolic_shapes import free_symbols, optimization_hint
+from torch.utils import _pytree as pytree
 
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
 from minicompile.aot.runner import stamp
@@ -135,6 +136,7 @@ class JointView:
 
     def split(self, in_backward: set, report: PartitionReport) -> Partition:
         inputs = self.boundary(in_backward)
+        inputs += [p for p in self.symbols_for(in_backward, inputs) if p not in inputs]
         saved_primals = [n for n in inputs if n in self.primals]
         written = [w.args[0].name for w in self.writes if w.args[0] in saved_primals]
         if written:
@@ -152,6 +154,18 @@ class JointView:
         backward = extract(self.gm, saved_primals + saved + self.tangents, grads)
         return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), len(saved),
                          tuple(slots), report)
+
+    def symbols_for(self, in_backward: set, inputs: list) -> list:
+        """The size primals (Dynamo's int inputs, ``s56``) whose symbol backward's values name: a
+        symbol no backward input has as a size (a stride of a strided input, ``(s10,)`` with
+        stride ``(s56,)``) reaches the backward's wrapper as that int."""
+        named = set()
+        for n in [*in_backward, *inputs]:
+            for v in pytree.tree_leaves(n.meta.get("val")):
+                if isinstance(v, (torch.Tensor, torch.SymInt)):
+                    named |= free_symbols(v)
+        return [p for p in self.primals if isinstance(p.meta.get("val"), torch.SymInt)
+                and p.meta["val"].node.expr in named]
 
 
 # A symbolic number saved for backward (a size) is reported as a 0-d value of its kind.

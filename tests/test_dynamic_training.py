@@ -139,6 +139,25 @@ def test_a_strided_input_whose_stride_is_a_symbol_compiles(training_graphs, fres
     assert_symbolic_builds(training_graphs, 1, caplog)
 
 
+class Pick(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(1))
+
+    def forward(self, x):
+        y = x * self.w
+        return y[:, 1].exp() + y[-1].square().sum()
+
+
+def test_select_backward_with_a_symbolic_size(training_graphs, fresh_dynamo, caplog):
+    # select_backward's ``index % size`` was Mod(1, s9), which the index math cannot take: every
+    # graph with x[:, 1] or x[-1] ran eagerly under dynamic=True (training fuzzer, most batches)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        train_and_compare(Pick(), lambda n: (torch.randn(n, n + 1),), [3, 5, 7], dynamic=True)
+    assert_symbolic_builds(training_graphs, 1, caplog)
+
+
 def test_a_graph_the_symbolic_path_cannot_lower_runs_eagerly_with_the_reason(training_graphs, fresh_dynamo,
                                                                             caplog, monkeypatch):
     # a lowering gap of the symbolic path (NotSymbolic) must cost speed, never a gradient, and

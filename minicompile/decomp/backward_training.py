@@ -71,7 +71,9 @@ def slice_backward(grad_output, input_sizes, dim, start, end, step):
 @register_decomposition(aten.select_backward.default)
 def select_backward(grad_output, input_sizes, dim, index):
     dim = dim % len(input_sizes)
-    index = index % input_sizes[dim]
+    # not index % size: with a symbolic size that is Mod(4, s82), which no index math can take;
+    # the forward's select checked 0 <= index (+ size) < size already
+    index = index + input_sizes[dim] if index < 0 else index
     return _pad_dim(aten.unsqueeze.default(grad_output, dim), dim, index, input_sizes[dim] - index - 1)
 
 

@@ -204,3 +204,13 @@ def test_hf_gpt2_trained_on_sequence_lengths_16_to_128_compiles_at_most_twice(tr
         train_and_compare(model, lambda t: dict(input_ids=(ids := torch.randint(0, 128, (2, t))), labels=ids),
                           range(16, 129, 8), loss_fn=lambda out: out.loss)
     assert_symbolic_builds(training_graphs, 2, caplog)
+
+
+@pytest.mark.slow
+def test_fuzzed_training_programs_with_symbolic_sizes_match_eager(tmp_path):
+    """The training fuzzer's dynamic mode (testing/fuzz_train_dynamic.py) on 10 programs: outputs
+    and gradients as eager's at three sizes each (76 s on the loaded 2-core machine)."""
+    from minicompile.testing import fuzz_train, fuzz_train_dynamic
+    failures = fuzz_train.run(seed=0, n=10, batch=10, repro_dir=str(tmp_path), log=lambda *a: None, dynamic=True)
+    assert not failures, failures
+    assert fuzz_train_dynamic.STATS["training graphs"] > 0, fuzz_train_dynamic.summary()

@@ -53,6 +53,8 @@ ALLOWED_FUNCTION_IMPORTS = {
         "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
     ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
     ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/testing/fuzz_train.py", "minicompile.testing.fuzz_train_dynamic"):
+        "fuzz_train_dynamic builds on fuzz_train (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/testing/fuzz.py", "minicompile.testing.fuzz_dynamic"):
         "fuzz_dynamic builds on fuzz (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/runtime/triton_launch.py", "triton"): "optional dependency: a clear error where it is missing",

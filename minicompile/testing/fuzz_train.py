@@ -146,9 +146,9 @@ def run(seed: int, n: int, batch: int = 10, repro_dir: str = "fuzz-repros", log=
     ``dynamic``: each batch compiled with symbolic sizes, called at three sizes (fuzz_train_dynamic.py)."""
     fallbacks.clear()
     if dynamic:
-        from minicompile.testing import fuzz_train_dynamic
-        failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate, check=fuzz_train_dynamic.check_batch)
-        log(fuzz_train_dynamic.summary())
+        from minicompile.testing.fuzz_train_dynamic import check_batch as check_dynamic, summary
+        failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate, check=check_dynamic)
+        log(summary())
         return failures
     failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate, check=check_batch,
                         template=TRAIN_REPRO_TEMPLATE)

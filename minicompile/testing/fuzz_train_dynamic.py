@@ -21,6 +21,7 @@ from minicompile.backend import minicompile_backend
 from minicompile.config import patch
 from minicompile.testing import fuzz
 from minicompile.testing.fuzz_dynamic import _accepted, resize, size_maps
+from minicompile.testing.fuzz_train import batched_programs, training_inputs
 from minicompile.testing.grad_sweep import compare_training, run_with_grads
 
 STATS: collections.Counter = collections.Counter()    # "training graphs", "other graphs"
@@ -37,8 +38,6 @@ class _EagerReasons(logging.Handler):
 def check_batch(programs: list) -> str | None:
     """``programs`` compiled as one training function with symbolic sizes and called at each of
     ``size_maps``; None if every output and gradient matches eager, else the first difference."""
-    from minicompile.testing.fuzz_train import batched_programs, training_inputs
-
     def counting(gm, example_inputs):
         compiled = minicompile_backend(gm, example_inputs)
         STATS["training graphs" if isinstance(compiled, TrainingGraph) else "other graphs"] += 1

@@ -13,6 +13,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from minicompile.aot.fake import dynamo_fakes
 from minicompile.aot.global_state import kept_global_state
 from minicompile.aot.joint import TrainingUnsupported, trace_joint
 from minicompile.aot.partition import partition
@@ -152,7 +153,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
             log_once("minicompile: CUDA graphs (mode='reduce-overhead'/'max-autotune', option 'cudagraphs') are "
                      "not applied to training graphs (inputs that require grad); they run without them.")
     if has_symbolic_shapes(gm, example_inputs):
-        return _eager_training(gm, "dynamic shapes are not compiled for training yet")
+        example_inputs = dynamo_fakes(list(example_inputs))
+        if example_inputs is None:
+            return _eager_training(gm, "dynamic shapes outside Dynamo (no symbolic inputs to trace with)")
     if has_data_dependent_sizes(gm):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
@@ -164,6 +167,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
             graph = TrainingGraph(part, joint, _training_compiler(knobs), list(example_inputs))
     except TrainingUnsupported as e:
         return _eager_training(gm, str(e))
+    except NotSymbolic as e:   # a limit of the symbolic path, not a compiler bug: eager, never per shape
+        return _eager_training(gm, f"not compiled with symbolic sizes: {e}")
     except CompilerNotFound:
         raise
     except Exception as e:

@@ -34,8 +34,8 @@ STAGES = ("capture", "aot", "cpu", "decomp", "lowering", "ir", "scheduler", "cod
 TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py, config.py, ...)
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
-STAGE_BUDGETS = {"capture": 6079, "aot": 2599, "cpu": 1305, "decomp": 1404, "lowering": 1634, "ir": 1228,
-                 "scheduler": 784, "codegen": 2190, "runtime": 1154, TOP_LEVEL: 1115}
+STAGE_BUDGETS = {"capture": 6079, "aot": 2752, "cpu": 1305, "decomp": 1421, "lowering": 1634, "ir": 1230,
+                 "scheduler": 784, "codegen": 2190, "runtime": 1154, TOP_LEVEL: 1120}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 
@@ -53,6 +53,8 @@ ALLOWED_FUNCTION_IMPORTS = {
         "`import minicompile` stays light; the pipeline loads torch's tracing machinery on first compile",
     ("minicompile/cli.py", "minicompile.tools"): "the CLI loads a subcommand's tools only when it runs",
     ("minicompile/cli.py", "minicompile.runtime"): "the CLI loads a subcommand's tools only when it runs",
+    ("minicompile/testing/fuzz_train.py", "minicompile.testing.fuzz_train_dynamic"):
+        "fuzz_train_dynamic builds on fuzz_train (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/testing/fuzz.py", "minicompile.testing.fuzz_dynamic"):
         "fuzz_dynamic builds on fuzz (a cycle at the top); --dynamic loads it when asked",
     ("minicompile/runtime/triton_launch.py", "triton"): "optional dependency: a clear error where it is missing",

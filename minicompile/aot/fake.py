@@ -79,3 +79,39 @@ def refake_from(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode, changed: se
             val = node.target(*args, **kwargs)
         node.meta["val"] = val
         changed.add(node)
+
+
+def dynamo_fakes(example_inputs: list) -> list | None:
+    """Dynamo's real example inputs as fake tensors with its symbolic sizes, in the fake mode it
+    hands the backend (the TracingContext's: a fresh mode on Dynamo's ShapeEnv), as AOTAutograd
+    fakes them: each tensor with the symbolic context Dynamo recorded for it, so its sizes are
+    Dynamo's symbols (``s33``) and a float input Dynamo made a tensor keeps its SymFloat (the
+    ``.item()`` of LayerNorm's eps). The placeholders' ``example_value`` fakes belong to Dynamo's
+    own tracing mode, which the backend's mode would convert (losing those). None outside Dynamo."""
+    context = torch._guards.TracingContext.try_get()
+    mode = getattr(context, "fake_mode", None)
+    if mode is None or mode.shape_env is None:
+        return None
+    fakes = []
+    for x in example_inputs:
+        if isinstance(x, FakeTensor) or not isinstance(x, torch.Tensor):
+            fakes.append(x)
+            continue
+        symbolic = context.tensor_to_context.get(x) if x in context.tensor_to_context else None
+        if symbolic is None:
+            fakes.append(mode.from_tensor(x, static_shapes=True))
+        else:
+            fakes.append(mode.from_tensor(x, symbolic_context=symbolic, source=symbolic.tensor_source, trace=False))
+    return fakes
+
+
+def with_item_memos(args: tuple, fakes: list) -> tuple:
+    """make_fx in symbolic mode hands the traced function fresh fakes of its inputs, without the
+    number a fake scalar stands for (``item_memo``: a float input Dynamo made a tensor, whose
+    ``.item()`` is the SymFloat ``zf41``); each gets its input's back, as AOTAutograd's
+    ``_detach_and_copy_item_memo`` does, so ``.item()`` is that symbol, not a data-dependent read."""
+    for arg, fake in zip(args, fakes):
+        memo = getattr(fake, "item_memo", None) if isinstance(fake, FakeTensor) else None
+        if memo is not None and isinstance(arg, FakeTensor) and arg is not fake:
+            arg.item_memo = memo
+    return args

@@ -44,12 +44,12 @@ import torch.fx.traceback
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv, free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import trace
 from minicompile.aot.autocast import autocast_off, no_autocast_cache
-from minicompile.aot.fake import make_fx_aten, real_constants_allowed, to_fake, tracing
+from minicompile.aot.fake import make_fx_aten, real_constants_allowed, to_fake, tracing, with_item_memos
 from minicompile.aot.conv_layout_train import layout_mode, restore_grads, restore_outputs, tangents_like
 from minicompile.aot.backward_sources import SourceInterpreter, backward_sources
 from minicompile.aot.checkpoint import is_random, rng_not_preserved, tagged, tolerant_bodies
@@ -140,7 +140,7 @@ def functionalize_leftover(graph, ctx):
 def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple):
     """The joint graph with CPU convolutions channels-last (aot/conv_layout_train.py); as the user
     wrote it if that layout fails (a view only NCHW allows, an output layout a clone cannot restore)."""
-    shape = (gm, len(ctx.fake_inputs) - len(diff_outputs), eager_outputs, grad_inputs, diff_outputs)
+    shape = (gm, ctx.fake_inputs, eager_outputs, grad_inputs, diff_outputs)
     mode = layout_mode()
     try:
         return _trace(_joint_function(*shape, mode), ctx)
@@ -159,12 +159,14 @@ def _trace(joint_fn, ctx):
             raise TrainingUnsupported(f"the backward branches on a data-dependent value ({e.cond})") from None
 
 
-def _joint_function(gm, num_primals: int, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple, mode=None):
-    """``mode``: None, or the channels-last mode the forward runs under; outputs and gradients
-    it changed get eager's layouts back (``eager_outputs``: the forward's outputs traced without it)."""
+def _joint_function(gm, fakes: list, eager_outputs: list, grad_inputs: tuple, diff_outputs: tuple, mode=None):
+    """``fakes``: the joint's fake inputs, primals first; ``mode``: None, or the channels-last mode
+    the forward runs under; outputs and gradients it changed get eager's layouts back
+    (``eager_outputs``: the forward's outputs traced without it)."""
+    num_primals = len(fakes) - len(diff_outputs)
 
     def joint(*args):
-        primals = args[:num_primals]
+        primals = with_item_memos(args, fakes)[:num_primals]
         with mode if mode is not None else contextlib.nullcontext():
             changed_layouts = lambda: mode is not None and mode.claimed > 0  # noqa: E731
             run = SourceInterpreter(gm, changed_layouts)
@@ -238,7 +240,7 @@ def check_static(graph: torch.fx.GraphModule, ctx=None) -> torch.fx.GraphModule:
     forward, but the backward formula is ours to trace."""
     for node in graph.graph.nodes:
         for v in pytree.tree_leaves(node.meta.get("val")):
-            if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
+            if isinstance(v, torch.Tensor) and free_unbacked_symbols(v):   # Dynamo's s33 is fine; u0 is not
                 raise TrainingUnsupported(f"{node.target} has a data-dependent shape in the joint graph")
     return graph
 

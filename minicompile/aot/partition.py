@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_symbols, optimization_hint
+from torch.utils import _pytree as pytree
 
 from minicompile.aot import checkpoint as ckpt
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
@@ -152,13 +154,13 @@ class JointView:
 
     def split(self, in_backward: set, report: PartitionReport) -> Partition:
         inputs = self.boundary(in_backward)
+        inputs += [p for p in self.symbols_for(in_backward, inputs) if p not in inputs]
         saved_primals = [n for n in inputs if n in self.primals]
         written = [w.args[0].name for w in self.writes if w.args[0] in saved_primals]
         if written:
             raise TrainingUnsupported(f"backward reads input(s) {written} that the forward writes")
         saved = [n for n in inputs if n not in self.primals]
-        report.saved = [SavedValue(n.name, tuple(n.meta["val"].shape), n.meta["val"].dtype, nbytes(n))
-                        for n in inputs]
+        report.saved = [saved_value(n) for n in inputs]
         report.recomputed = [f"{n.name} = {n.target}" for n in self.nodes
                              if n in in_backward and n not in self.tangent_dependent]
         grads = [g for g in self.grads if isinstance(g, torch.fx.Node)]
@@ -171,10 +173,35 @@ class JointView:
         return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), len(saved),
                          tuple(slots), report)
 
+    def symbols_for(self, in_backward: set, inputs: list) -> list:
+        """The size primals (Dynamo's int inputs, ``s56``) whose symbol backward's values name: a
+        symbol no backward input has as a size (a stride of a strided input, ``(s10,)`` with
+        stride ``(s56,)``) reaches the backward's wrapper as that int."""
+        named = set()
+        for n in [*in_backward, *inputs]:
+            for v in pytree.tree_leaves(n.meta.get("val")):
+                if isinstance(v, (torch.Tensor, torch.SymInt)):
+                    named |= free_symbols(v)
+        return [p for p in self.primals if isinstance(p.meta.get("val"), torch.SymInt)
+                and p.meta["val"].node.expr in named]
+
+
+# A symbolic number saved for backward (a size) is reported as a 0-d value of its kind.
+_SYM_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+
+
+def saved_value(node: torch.fx.Node) -> SavedValue:
+    val = node.meta["val"]
+    if isinstance(val, torch.Tensor):
+        return SavedValue(node.name, tuple(val.shape), val.dtype, nbytes(node))
+    return SavedValue(node.name, (), _SYM_DTYPES.get(type(val), torch.int64), nbytes(node))
+
 
 def nbytes(node: torch.fx.Node) -> int:
+    """The value's bytes; with symbolic sizes, at the sizes of the example it was traced with (the
+    symbols' hints, read without a guard): the cut chosen there serves every size."""
     val = node.meta.get("val")
-    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 8
+    return optimization_hint(val.numel(), fallback=1) * val.element_size() if isinstance(val, torch.Tensor) else 8
 
 
 def extract(gm: torch.fx.GraphModule, inputs: list, outputs: list, effects: list = ()) -> torch.fx.GraphModule:
@@ -230,9 +257,11 @@ def min_cut(view: JointView) -> set:
 
 
 def _capacity(node: torch.fx.Node, view: JointView) -> dict:
-    """Saving a tensor costs its bytes, an input nothing (the caller holds it anyway); a node that
-    is not one tensor (a tuple), or that a checkpoint region recomputes, cannot be saved."""
-    if not isinstance(node.meta.get("val"), torch.Tensor) or node in view.always_recomputed:
+    """Saving a tensor costs its bytes, a symbolic number (a size: ``sym_size``, SymInt arithmetic)
+    8, an input nothing (the caller holds it anyway); a node that is not one tensor or number (a
+    tuple), or that a checkpoint region recomputes, cannot be saved."""
+    if (not isinstance(node.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
+            or node in view.always_recomputed):
         return {}
     return {"capacity": 0 if node in view.primals else nbytes(node)}
 

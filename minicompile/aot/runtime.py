@@ -9,6 +9,9 @@
 backward call, with the saved tensors the forward really produced (their strides included);
 if that compile fails, it is compiled for the layouts it was traced with, and if that fails too
 its ATen graph runs eagerly (config.fallback_on_error), on inputs copied into those layouts.
+With symbolic sizes (Dynamo's ``s33``) both halves are compiled at once, each for every size, and
+the backward's inputs are copied into the traced strides at each call's sizes where they differ
+(``SymbolicLayouts``); saved sizes (SymInts, ints at run time) are kept beside the saved tensors.
 Gradient outputs that are None reach backward as zeros (autograd materializes them); tangents
 are made contiguous, as the backward graph was traced with. A backward that must itself be
 differentiated (``create_graph=True``) raises: the saved values carry no autograd history, so
@@ -21,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from minicompile.aot.fake import is_symbolic
 from minicompile.aot.joint import JointGraph
 from minicompile.aot.partition import Partition
 from minicompile.config import config
@@ -41,8 +45,19 @@ class TrainingGraph:
         self.compile_fn = compile_fn
         self.forward = compile_fn(part.forward, list(example_inputs))
         self.backward = None
+        if any(is_symbolic(x) for x in example_inputs):
+            self.backward = self._compile_symbolic_backward()
         self.forward_calls = 0
         self.backward_calls = 0
+
+    def _compile_symbolic_backward(self):
+        """With symbolic sizes (Dynamo's ``s33``) both halves serve every size, so the backward is
+        compiled now, for the fake inputs it was traced with, not for a first call's tensors: inside
+        Dynamo's compile, so a guard its compile adds to the ShapeEnv is one of Dynamo's guards (a
+        later compile would specialise a graph Dynamo reuses for every size). Its errors are the
+        caller's, as the forward's are (backend.compile_training falls back to eager for both)."""
+        backward = self.partition.backward
+        return SymbolicLayouts(backward, self.compile_fn(backward, traced_inputs(backward)))
 
     @property
     def report(self):
@@ -99,7 +114,10 @@ class TrainingFunction(torch.autograd.Function):
     def forward(ctx, graph: TrainingGraph, *args):
         outputs, saved = graph.run_forward(args)
         ctx.graph = graph
-        ctx.save_for_backward(*(args[i] for i in graph.partition.saved_primals), *saved)
+        values = [*(args[i] for i in graph.partition.saved_primals), *saved]
+        # sizes (python ints, a symbolic graph's saved SymInts) are kept on ctx; tensors saved
+        ctx.numbers = {k: v for k, v in enumerate(values) if not isinstance(v, torch.Tensor)}
+        ctx.save_for_backward(*(v for v in values if isinstance(v, torch.Tensor)))
         diff = set(graph.joint.diff_outputs)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs)
                                       if isinstance(o, torch.Tensor) and i not in diff))
@@ -111,12 +129,19 @@ class TrainingFunction(torch.autograd.Function):
             raise RuntimeError(DOUBLE_BACKWARD)
         graph: TrainingGraph = ctx.graph
         tangents = [grad_outputs[i].contiguous() for i in graph.joint.diff_outputs]
-        grads = graph.run_backward(ctx.saved_tensors, tangents)
+        grads = graph.run_backward(_saved(ctx), tangents)
         result = [None] * graph.joint.num_primals
         for position, slot in zip(graph.joint.grad_inputs, graph.partition.grad_slots):
             if slot is not None:
                 result[position] = grads[slot]
         return (None, *result)
+
+
+def _saved(ctx) -> list:
+    """The saved values in order: the tensors autograd kept, the numbers in their places."""
+    tensors = iter(ctx.saved_tensors)
+    total = len(ctx.saved_tensors) + len(ctx.numbers)
+    return [ctx.numbers[k] if k in ctx.numbers else next(tensors) for k in range(total)]
 
 
 class InTracedLayouts:
@@ -148,3 +173,64 @@ def _restrided(x, traced):
     if not all(isinstance(s, int) for s in (*traced.shape, *traced.stride())) or tuple(x.shape) != tuple(traced.shape):
         return x
     return torch.empty_strided(x.shape, traced.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
+class SymbolicLayouts:
+    """InTracedLayouts for a graph traced with symbolic sizes: each call binds the symbols from
+    its inputs (a size ``s33`` of a traced input, a saved SymInt passed as an int), evaluates the
+    traced strides at them, and copies an input laid out otherwise (in a dimension larger than 1)
+    into those strides. The compiled graph indexes its inputs with the traced strides, so a saved
+    value the compiled forward laid out its own way must not reach it as it is."""
+
+    def __init__(self, gm: torch.fx.GraphModule, run: Callable):
+        self.run = run
+        self.traced = traced_inputs(gm)
+        self._strides: dict = {}      # the bound sizes -> each input's strides (None: not a tensor)
+
+    def __call__(self, *args):
+        bound = _bindings(args, self.traced)
+        key = tuple(sorted(bound.items(), key=str))
+        strides = self._strides.get(key)
+        if strides is None:
+            strides = self._strides[key] = [_evaluated(t.stride(), bound) if isinstance(t, torch.Tensor) else None
+                                            for t in self.traced]
+        return self.run(*(_in_strides(a, want) for a, want in zip(args, strides)))
+
+    def __getattr__(self, name):     # a compiled graph's report, sources, ...
+        return getattr(self.__dict__["run"], name)
+
+
+def _bindings(args, traced: list) -> dict:
+    """Symbol -> this call's value, for every traced size that is a symbol alone."""
+    bound = {}
+    for a, t in zip(args, traced):
+        if isinstance(t, torch.SymInt) and isinstance(a, int):
+            pairs = [(t, a)]
+        elif isinstance(t, torch.Tensor) and isinstance(a, torch.Tensor):
+            pairs = zip(t.shape, a.shape)
+        else:
+            continue
+        for size, value in pairs:
+            if isinstance(size, torch.SymInt) and getattr(size.node.expr, "is_Symbol", False):
+                bound[size.node.expr] = value
+    return bound
+
+
+def _evaluated(sizes, bound: dict):
+    """The sizes as ints at ``bound``; None where one names a symbol no input binds."""
+    out = []
+    for s in sizes:
+        if isinstance(s, torch.SymInt):
+            s = s.node.expr
+            s = s.xreplace(bound) if hasattr(s, "xreplace") else s
+            if not (isinstance(s, int) or s.is_Integer):
+                return None
+        out.append(int(s))
+    return tuple(out)
+
+
+def _in_strides(x, strides):
+    if strides is None or not isinstance(x, torch.Tensor) or all(
+            a == b or n <= 1 for a, b, n in zip(x.stride(), strides, x.shape)):
+        return x
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)

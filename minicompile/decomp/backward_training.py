@@ -71,13 +71,30 @@ def slice_backward(grad_output, input_sizes, dim, start, end, step):
 @register_decomposition(aten.select_backward.default)
 def select_backward(grad_output, input_sizes, dim, index):
     dim = dim % len(input_sizes)
-    index = index % input_sizes[dim]
+    # not index % size: with a symbolic size that is Mod(4, s82), which no index math can take;
+    # the forward's select checked 0 <= index (+ size) < size already
+    index = index + input_sizes[dim] if index < 0 else index
     return _pad_dim(aten.unsqueeze.default(grad_output, dim), dim, index, input_sizes[dim] - index - 1)
 
 
 def _pad_dim(x, dim, before, after):
+    if any(isinstance(n, torch.SymInt) for n in (*x.shape, before, after)):
+        return _pad_dim_symbolic(x, dim, before, after)
     pad = [0, 0] * (x.dim() - 1 - dim) + [before, after]   # constant_pad_nd pads the last dim first
     return aten.constant_pad_nd.default(x, pad, 0)
+
+
+def _pad_dim_symbolic(x, dim, before, after):
+    """With symbolic sizes: zeros, ``x``, zeros concatenated (the C++ constant_pad_nd, which fake
+    tensors run, reads the sizes as ints: it would specialise every symbol to the traced size)."""
+    pieces = []
+    for n in (before, None, after):
+        if n is None:
+            pieces.append(x)
+        elif not (isinstance(n, int) and n == 0):
+            shape = [*x.shape[:dim], n, *x.shape[dim + 1:]]
+            pieces.append(aten.full.default(shape, 0, dtype=x.dtype, device=x.device))
+    return pieces[0] if len(pieces) == 1 else aten.cat.default(pieces, dim)
 
 
 @register_decomposition([aten.nll_loss_backward.default, aten.nll_loss2d_backward.default])

@@ -45,6 +45,8 @@ def sym_value(x, stride: bool = False):
     """A torch int or SymInt as the IR keeps it: an int, or an Expr over Sym atoms
     (``s77``, ``16*s77``, ``s27*s77``). A size the index algebra cannot represent (a
     FloorDiv of symbols, a Max) raises NotSymbolic."""
+    if isinstance(x, Expr):   # a size the graph computed (sym_size, SymInt arithmetic), lowered already
+        return x
     if not isinstance(x, torch.SymInt):
         return int(x)
     as_int = x.node.maybe_as_int()

@@ -141,9 +141,15 @@ def check_batch(programs: list) -> str | None:
     return check_inputs(batched, [t for x in inputs for t in x], fuzz._tolerances(floor))
 
 
-def run(seed: int, n: int, batch: int = 10, repro_dir: str = "fuzz-repros", log=print) -> list:
-    """Fuzz ``n`` training programs from ``seed``; returns the reproducers written for failures."""
+def run(seed: int, n: int, batch: int = 10, repro_dir: str = "fuzz-repros", log=print, dynamic: bool = False) -> list:
+    """Fuzz ``n`` training programs from ``seed``; returns the reproducers written for failures.
+    ``dynamic``: each batch compiled with symbolic sizes, called at three sizes (fuzz_train_dynamic.py)."""
     fallbacks.clear()
+    if dynamic:
+        from minicompile.testing.fuzz_train_dynamic import check_batch as check_dynamic, summary
+        failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate, check=check_dynamic)
+        log(summary())
+        return failures
     failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate, check=check_batch,
                         template=TRAIN_REPRO_TEMPLATE)
     log(f"[fuzz --train] {len(fallbacks)} batch compile(s) ran eagerly" +
@@ -158,13 +164,15 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=10, help="programs compiled together as one graph")
     p.add_argument("--repro-dir", default="fuzz-repros", help="where minimal reproducers are written")
     p.add_argument("--show", type=int, help="print program SEED as a standalone file and exit")
+    p.add_argument("--dynamic", action="store_true",
+                   help="compile with symbolic sizes and call at three sizes (testing/fuzz_train_dynamic.py)")
     fuzz.add_device_argument(p)
     args = p.parse_args(argv)
     if args.show is not None:
         print(generate(args.show).reproducer(f"training fuzzer seed {args.show}", TRAIN_REPRO_TEMPLATE))
         return 0
     fuzz.use_device(args.device)
-    return 1 if run(args.seed, args.n, args.batch, args.repro_dir) else 0
+    return 1 if run(args.seed, args.n, args.batch, args.repro_dir, dynamic=args.dynamic) else 0
 
 
 if __name__ == "__main__":

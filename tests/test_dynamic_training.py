@@ -110,6 +110,31 @@ def test_causal_attention_over_sequence_lengths_compiles_at_most_twice(training_
     assert_symbolic_builds(training_graphs, 2, caplog)
 
 
+class ShiftedLabelsLoss(nn.Module):
+    """A language model's loss as HF writes it (ForCausalLMLoss): labels padded with -100 and
+    shifted by one, cross-entropy over the flattened logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, x, labels):
+        logits = self.head(x).float()
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), shifted.view(-1), ignore_index=-100)
+
+
+def test_shifted_labels_loss_over_sequence_lengths_compiles_at_most_twice(training_graphs, fresh_dynamo, caplog):
+    # the fake run of Dynamo's graph (aot/joint.py) ran constant_pad_nd's C++ fake kernel, which
+    # reads sizes as ints: each sequence length became a guard, and HF GPT-2's loss recompiled at
+    # every length until Dynamo's limit ran it eagerly
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        train_and_compare(ShiftedLabelsLoss(), lambda t: (torch.randn(2, t, 16), torch.randint(0, 50, (2, t))),
+                          range(16, 57, 8), loss_fn=lambda out: out)
+    assert_symbolic_builds(training_graphs, 2, caplog)
+
+
 def test_conv_net_with_batch_norm_over_batch_sizes(training_graphs, fresh_dynamo, caplog):
     torch.manual_seed(0)
     model = conv_net()

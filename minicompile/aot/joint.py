@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 import torch.fx.traceback
+from torch._dispatch.python import enable_python_dispatcher
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -189,7 +190,11 @@ def _joint_function(gm, fakes: list, eager_outputs: list, grad_inputs: tuple, di
 def _fake_forward(gm, primals: list, fake_mode) -> list:
     """Run the forward on fake tensors: its outputs' metadata, and the refusals it reveals."""
     versions = [p._version if isinstance(p, torch.Tensor) else None for p in primals]
-    with torch.enable_grad(), fake_mode, real_constants_allowed(fake_mode), no_autocast_cache():
+    # the Python dispatcher, as the symbolic trace has it: without it the fake kernel of some ops
+    # (constant_pad_nd: HF's shifted labels) reads sizes as ints, fixing a symbolic size for good
+    symbolic = any(isinstance(s, torch.SymInt) for p in primals if isinstance(p, torch.Tensor) for s in p.shape)
+    python_kernels = enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+    with torch.enable_grad(), fake_mode, python_kernels, real_constants_allowed(fake_mode), no_autocast_cache():
         outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
     if any(isinstance(p, torch.Tensor) and p._version != v and p.requires_grad for p, v in zip(primals, versions)):
         raise TrainingUnsupported("the graph mutates an input that requires grad")

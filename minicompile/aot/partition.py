@@ -27,6 +27,7 @@ the chooser's time and the split's; ``meta["title"]`` says which half it is.
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -235,7 +236,10 @@ def save_all(view: JointView) -> set:
 def min_cut(view: JointView) -> set:
     """Backward computes the sink side of a minimum cut that prices each saved value by its bytes."""
     must_compute_once = _banned(view)
-    view.always_recomputed -= must_compute_once     # compared bit for bit: computed once, saved
+    # computed once (compared bit for bit, or not recomputable), so saved: and so are the parts of
+    # such a node's tuple (a checkpointed flash attention's output and logsumexp)
+    parts = {u for n in must_compute_once for u in n.users if u.target is operator.getitem}
+    view.always_recomputed -= must_compute_once | parts
     g = nx.DiGraph()
     for n in view.needed:
         if n.op in ("get_attr", "output"):

@@ -96,17 +96,26 @@ def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_ddp_trains_like_eager_ddp(tmp_path):
+def run_ranks(worker, tmp_path) -> list:
+    """``worker(rank, port, cache_dir, out_dir)`` in WORLD_SIZE processes; each rank's saved result."""
     from minicompile.config import config
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), config.cache_dir, str(tmp_path)),
+    torch.multiprocessing.spawn(worker, args=(_free_port(), config.cache_dir, str(tmp_path)),
                                 nprocs=WORLD_SIZE, join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+
+
+def assert_losses_and_parameters_match(rank: int, res: dict, what: str = "parameter") -> None:
+    (ref_losses, ref_params), (losses, params) = res["ref"], res["got"]
+    for step, (a, b) in enumerate(zip(losses, ref_losses)):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} step {step} loss: {m}")
+    for k, (a, b) in enumerate(zip(params, ref_params)):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} {what} {k}: {m}")
+
+
+def test_ddp_trains_like_eager_ddp(tmp_path):
+    results = run_ranks(_worker, tmp_path)
     for rank, res in enumerate(results):
-        (ref_losses, ref_params), (losses, params) = res["ref"], res["got"]
-        for step, (a, b) in enumerate(zip(losses, ref_losses)):
-            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} step {step} loss: {m}")
-        for k, (a, b) in enumerate(zip(params, ref_params)):
-            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} parameter {k}: {m}")
+        assert_losses_and_parameters_match(rank, res)
         pieces = res["compiled"]
         assert len(pieces) >= 2, f"rank {rank}: DDP's optimizer should split the graph at buckets: {pieces}"
         assert all(p == (res["training_graph"], STEPS, STEPS) for p in pieces), \

@@ -21,10 +21,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.test_ddp import WORLD_SIZE, _free_port
+from tests.test_ddp import WORLD_SIZE, assert_losses_and_parameters_match, run_ranks
 
 STEPS = 3
-TOL = dict(rtol=1e-4, atol=1e-5)   # float32; backward sums in another order than eager's kernels
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="this torch build has no torch.distributed with the gloo backend")
@@ -110,16 +109,9 @@ def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
 
 
 def test_fsdp2_trains_like_eager_fsdp2(tmp_path):
-    from minicompile.config import config
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), config.cache_dir, str(tmp_path)),
-                                nprocs=WORLD_SIZE, join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    results = run_ranks(_worker, tmp_path)
     for rank, res in enumerate(results):
-        (ref_losses, ref_params), (losses, params) = res["ref"], res["got"]
-        for step, (a, b) in enumerate(zip(losses, ref_losses)):
-            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} step {step} loss: {m}")
-        for k, (a, b) in enumerate(zip(params, ref_params)):
-            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"rank {rank} parameter shard {k}: {m}")
+        assert_losses_and_parameters_match(rank, res, "parameter shard")
         pieces = res["pieces"]
         # the blocks' forwards and the head: at least three graphs, each compiled for training
         assert len(pieces) >= 3, f"rank {rank}: {pieces}"

@@ -131,14 +131,15 @@ def cold_compiles(name: str, size: str, columns: tuple) -> dict:
     return cold
 
 
-def run(name: str, size: str, reps: int, columns: tuple, cold: bool = True) -> dict:
-    """One workload: compile (cold), count saved bytes, time interleaved, compare gradients."""
-    torch._dynamo.reset()
+def timed(make_columns, reps: int) -> tuple[dict, EagerGraphs]:
+    """The columns ``make_columns()`` builds (with empty caches), each with its saved bytes and its
+    median step time over ``reps`` interleaved steps after a warm-up; and the reasons any graph ran
+    eagerly meanwhile."""
     eager_graphs = EagerGraphs()
     logging.getLogger("minicompile").addHandler(eager_graphs)
     try:
         with fresh_caches():
-            cols = setup(name, size, columns)
+            cols = make_columns()
             for c in cols.values():
                 c["saved"] = saved_bytes(c["step"])
                 c["step"]()   # warm-up
@@ -147,6 +148,13 @@ def run(name: str, size: str, reps: int, columns: tuple, cold: bool = True) -> d
                 c["median_s"] = statistics.median(times)
     finally:
         logging.getLogger("minicompile").removeHandler(eager_graphs)
+    return cols, eager_graphs
+
+
+def run(name: str, size: str, reps: int, columns: tuple, cold: bool = True) -> dict:
+    """One workload: compile (cold), count saved bytes, time interleaved, compare gradients."""
+    torch._dynamo.reset()
+    cols, eager_graphs = timed(lambda: setup(name, size, columns), reps)
     ref = cols["eager"]
     ref_grads = [ref["x"].grad] + [p.grad for p in ref["model"].parameters()]
     for c in cols.values():

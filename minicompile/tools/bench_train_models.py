@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import logging
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -33,8 +31,8 @@ import torch
 
 from minicompile.backend import minicompile_backend
 from minicompile.tools import cold_compile
-from minicompile.tools.bench import _render, machine_info, time_interleaved
-from minicompile.tools.bench_train import REPS, EagerGraphs, _cold, _cold_ratio, fresh_caches, saved_bytes
+from minicompile.tools.bench import _render, machine_info
+from minicompile.tools.bench_train import REPS, _cold, _cold_ratio, timed
 from minicompile.tools.train_models import TRAIN_MODELS
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -87,19 +85,8 @@ def setup(name: str, size: str, columns: tuple, autocast: str | None, recorder: 
 def run(name: str, size: str, reps: int, columns: tuple, autocast: str | None = None, cold_compiles=True) -> dict:
     """One model: compile, count saved bytes, time interleaved, compare gradients, compile cold."""
     torch._dynamo.reset()
-    eager_graphs, recorder = EagerGraphs(), Recorder()
-    logging.getLogger("minicompile").addHandler(eager_graphs)
-    try:
-        with fresh_caches():
-            cols = setup(name, size, columns, autocast, recorder)
-            for c in cols.values():
-                c["saved"] = saved_bytes(c["step"])
-                c["step"]()   # warm-up
-            order = list(cols.values())
-            for c, times in zip(order, time_interleaved([c["step"] for c in order], reps)):
-                c["median_s"] = statistics.median(times)
-    finally:
-        logging.getLogger("minicompile").removeHandler(eager_graphs)
+    recorder = Recorder()
+    cols, eager_graphs = timed(lambda: setup(name, size, columns, autocast, recorder), reps)
     ref = [p.grad for p in cols["eager"]["model"].parameters()]
     for c in cols.values():
         diffs = [(g - r).abs().max().item() for g, r in zip((p.grad for p in c["model"].parameters()), ref)

@@ -65,3 +65,28 @@ def test_training_matches_eager_under_the_shipped_defaults(replayed, fresh_dynam
     assert_matches_eager(out.sum(), expected.detach(), atol=1e-4, rtol=1e-4)
     for p, g in zip(model.parameters(), ref):
         assert_matches_eager(p.grad, g, atol=1e-4, rtol=1e-4)
+
+
+def test_cnn_training_layout_is_measured_under_the_shipped_defaults(replayed, fresh_dynamo):
+    """A training graph's convolutions run channels-last only where that measured faster, forward
+    and backward with the weights' conversions (cpu/train_layout.py); either way the gradients are
+    eager's, and each parameter's gradient keeps the parameter's layout."""
+    torch.manual_seed(0)
+    model, shape = build_train("cnn", "tiny")
+    x = torch.randn(shape)
+    model(x).sum().backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    out, graphs = compile_with_dynamo(model, x, grad=True)
+    out.sum().backward()
+    (graph,) = graphs
+    header = constructed_by(graph.joint.graph)
+    (line,) = [line for line in header.splitlines() if "training layout of" in line]
+    expected = "nhwc" if REPLAYS[replayed]["nhwc"] < REPLAYS[replayed]["nchw"] else "nchw"
+    assert line.split(" -> ")[1].startswith(expected), line
+    converts = any(n.target == torch.ops.aten.clone.default and n.kwargs.get("memory_format") == torch.channels_last
+                   for n in graph.joint.graph.graph.nodes)
+    assert converts == (expected == "nhwc")
+    for p, g in zip(model.parameters(), ref):
+        assert p.grad.stride() == p.stride()
+        assert_matches_eager(p.grad, g, atol=1e-4, rtol=1e-4)

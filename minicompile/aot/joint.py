@@ -143,6 +143,8 @@ def _trace_channels_last(gm, ctx, eager_outputs: list, grad_inputs: tuple, diff_
     wrote it if that layout fails (a view only NCHW allows, an output layout a clone cannot restore)."""
     shape = (gm, ctx.fake_inputs, eager_outputs, grad_inputs, diff_outputs)
     mode = layout_mode()
+    if mode is not None and not ctx.policy.train_channels_last(gm, ctx.choices):   # measured by the policy
+        mode = None
     try:
         return _trace(_joint_function(*shape, mode), ctx)
     except Exception:

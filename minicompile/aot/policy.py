@@ -16,6 +16,8 @@ The CPU's is ``minicompile.cpu.CPU``; ``NEUTRAL`` adds nothing.
     prepare         AtenPasses the pipeline runs last (values computed from parameters, split off)
     relayout_active () -> bool: inside the trace, layouts may differ from eager's (checked by
                     aot/layout_readers.py)
+    train_channels_last  (gm, choices) -> bool: whether a training graph's convolutions run
+                    channels-last (aot/conv_layout_train.py), decided before the joint trace
 
 A pass records each choice it measured as a line in ``ctx.choices``; the ATen graph prints them
 in its header (aot/runner.py ``constructed_by``).
@@ -37,6 +39,7 @@ class DevicePolicy:
     after_trace: tuple = ()
     prepare: tuple = ()
     relayout_active: Callable[[], bool] = lambda: False
+    train_channels_last: Callable[[object, list], bool] = lambda gm, choices: True
 
 
 NEUTRAL = DevicePolicy("neutral")

@@ -6,6 +6,7 @@
     around_trace    channels-last where it measured faster (cpu/conv_layout.py); measured_first
     after_trace     fold_conv_bn, pointwise_convs, fold_gelu, extern_reasons
     prepare         split_prepared: values from parameters alone, computed once (cpu/prepare.py)
+    train_channels_last  a training graph's layout, measured forward and backward (cpu/train_layout.py)
 
 Each measured choice is printed in the ATen graph's header (``# cpu: mm 8x16x32 (row @ column) ->
 onednn (onednn 0.012 ms, mkl 0.015 ms; ...)``); the knobs that pin them are MINICOMPILE_CPU_GEMM,
@@ -18,6 +19,7 @@ from minicompile.cpu.claims import CPU_CLAIMS, fold_gelu_into_onednn_linear, sta
 from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear, relayout_active
 from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
 from minicompile.cpu.timing import measured_first, recording
+from minicompile.cpu.train_layout import channels_last_pays_in_training
 
 
 def _around_trace(functionalize, gm, ctx):
@@ -43,6 +45,13 @@ def _channels_last_trace(functionalize, gm, ctx):
     kept = next((lines for t, lines in attempts if t is traced), [])
     ctx.choices[:] = [*dict.fromkeys([*layout, *kept])]
     return traced
+
+
+def _train_channels_last(gm, choices: list) -> bool:
+    """Training: channels-last convolutions where, forward and backward with the weights' conversions,
+    they measured faster (cpu/train_layout.py); the choice goes to the joint graph's header."""
+    with recording(choices):
+        return channels_last_pays_in_training(gm)
 
 
 def _pointwise_convs(gm, ctx):
@@ -76,4 +85,5 @@ CPU = DevicePolicy(
                  AtenPass("extern_reasons", _extern_reasons)),      # why each vendor call stays whole
     prepare=(AtenPass("split_prepared", split_prepared),),          # parameter-only values: computed once
     relayout_active=relayout_active,
+    train_channels_last=_train_channels_last,                       # training: channels-last where it measured faster
 )

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minicompile.codegen.common import comment_text, graph_symbols
+from minicompile.codegen.common import comment_text
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
@@ -55,7 +55,7 @@ class WrapperCode:
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
         self.by_name = {b.name: b for b in graph.buffers}
-        self.symbols = graph_symbols(graph)  # symbol -> (input position, dim or None)
+        self.symbols = graph.symbols    # symbol -> (input position, dim or None)
 
     def _ref(self, obj) -> str:
         self.externs.append(obj)

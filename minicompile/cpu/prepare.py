@@ -148,8 +148,7 @@ class Emitter:
 
 def split_prepared(gm: torch.fx.GraphModule, ctx):
     """Static-only values the graph reads become trailing placeholders; ``ctx.prepared`` is the
-    CachedPreparation that computes them (None when there are none)."""
-    ctx.prepared = None
+    CachedPreparation that computes them (it stays None when there are none)."""
     if not prepares_weights(ctx):
         return gm
     hoisted = _hoistable(gm, static_nodes(gm, ctx.static))

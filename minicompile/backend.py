@@ -239,7 +239,7 @@ def autotuned_on_cpu(gm, example_inputs) -> CompiledGraph:
         choice, timings = next(iter(built)), {}
     else:
         choice, timings = autotune.fastest({n: c.run for n, c in built.items()},
-                                           list(example_inputs) + list(first.lifted))
+                                           list(example_inputs) + list(first.aten.lifted))
     autotune.save_choice(key, choice, timings)
     log.info("minicompile: max-autotune picked %r for this graph (median seconds per call: %s)", choice, timings)
     return built[choice]
@@ -252,7 +252,7 @@ def _compile_variant(gm, example_inputs, changes: dict) -> CompiledGraph:
 
 def use_cudagraphs(compiled: CompiledGraph, example_inputs) -> None:
     """Replay ``compiled``'s kernels from CUDA graphs when every tensor it takes is on a CUDA device."""
-    args = list(example_inputs) + list(compiled.lifted)
+    args = list(example_inputs) + list(compiled.aten.lifted)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or not all(t.is_cuda for t in tensors):
         log_once("minicompile: CUDA graphs (mode='reduce-overhead'/'max-autotune', option 'cudagraphs') apply "

@@ -1,6 +1,7 @@
 """The compile pipeline, one pass per line: FX graph -> ATen -> loop IR -> kernels -> callable.
 
-    aten  = trace(gm, example_inputs, CPU)   aot/ + decomp/ + the CPU's policy (cpu/), fake tensors only
+    aten  = trace(gm, example_inputs, CPU)   aot/ + decomp/ + the CPU's policy (cpu/), fake tensors only:
+                                             an AtenProgram (the graph, lifted attributes, stamps, ...)
                                              (compile_aten: a graph that is ATen already, e.g. a half of
                                              the joint graph, starts after the trace: after_trace_passes)
     be    = pick_backend(aten)               codegen/: C++ on CPU, Triton on CUDA
@@ -25,7 +26,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot.autocast import autocast_enabled, autocast_off
 from minicompile.aot.global_state import kept_global_state
-from minicompile.aot.passes import compile_passes, prepare_aten, trace_inference, traced_as
+from minicompile.aot.passes import AtenProgram, compile_passes, prepare_aten, trace_inference, traced_as
 from minicompile.aot.runtime import InTracedLayouts, in_layouts, traced_inputs
 from minicompile.codegen import BACKENDS
 from minicompile.codegen.wrapper import WrapperCode
@@ -49,7 +50,7 @@ _trace_lock = threading.Lock()
 @dataclass
 class CompiledGraph:
     """A compiled FX graph: call it like the graph; every stage's artifact is kept."""
-    aten_graph: torch.fx.GraphModule
+    aten: AtenProgram           # the ATen graph and what tracing learned (aot/runner.py)
     loop_graph: LoopGraph
     schedule: Schedule
     kernel_source: str
@@ -58,7 +59,6 @@ class CompiledGraph:
     run: Callable
     out_spec: Any
     timings: dict = field(default_factory=dict)
-    lifted: tuple = ()          # the graph's tensor attributes, passed after the caller's inputs
     code: Any = None            # the generated Code and the loaded kernels: MINICOMPILE_CHECK reruns
     lib: Any = None             # them step by step (testing/check.py)
     check: Any = None           # MINICOMPILE_CHECK=1: a DifferentialCheck every call goes through
@@ -72,7 +72,7 @@ class CompiledGraph:
     def __post_init__(self):
         # Kernels write mutated inputs through raw pointers; eager's in-place ops also bump the
         # tensor's version counter, which autograd checks ("modified by an inplace operation").
-        self.mutated_inputs = _written_inputs(self.aten_graph)
+        self.mutated_inputs = _written_inputs(self.aten.gm)
         # Dynamo graphs return a flat tuple: the wrapper's result is already the answer
         flat_tuple = pytree.tree_unflatten([0] * self.out_spec.num_leaves, self.out_spec)
         self._returns_flat_tuple = (type(flat_tuple) is tuple and self.out_spec.num_leaves == len(flat_tuple)
@@ -84,8 +84,8 @@ class CompiledGraph:
         return self.run_compiled(args)
 
     def run_compiled(self, args: tuple):
-        if self.lifted:
-            args = args + self.lifted
+        if self.aten.lifted:
+            args = args + self.aten.lifted
         if autocast_enabled():    # the graph holds autocast's casts already (aot/autocast.py)
             with autocast_off():
                 flat = self.run(args)
@@ -162,25 +162,25 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None,
     t = StageTimer()
     out_spec = _output_spec(gm)
     aten = t(stage, to_aten or _trace, gm, list(example_inputs))   # aot/ + decomp/, with the CPU's policy
-    be = BACKENDS[_pick_backend(aten)]
-    loops = t("lower", lower, aten, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
+    be = BACKENDS[_pick_backend(aten.gm)]
+    loops = t("lower", lower, aten.gm, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
-    code = t("codegen", _generate, be, loops, plan, aten.meta.get("prepared"))   # codegen/
+    code = t("codegen", _generate, be, loops, plan, aten.prepared)  # codegen/
     lib = t("build", be.load, code.kernels)                         # runtime/
     run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
     compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
-                             out_spec, t.timings, aten.meta["lifted"], code, lib, title=title)
+                             out_spec, t.timings, code, lib, title=title)
     if config.check:
         compiled.check = DifferentialCheck(gm, compiled)
     _debug_dump(compiled, gm)
     return compiled
 
 
-def _prepare_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+def _prepare_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
     return prepare_aten(aten_gm, example_inputs, CPU)
 
 
-def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
     with _trace_lock:
         return trace_inference(gm, example_inputs, compile_passes(CPU), CPU)
 

@@ -35,7 +35,7 @@ def assert_meta_everywhere(gm):
 @pytest.mark.parametrize("name,model,inputs", MODELS, ids=[m[0] for m in MODELS])
 def test_models_trace_to_core_ops_and_match_eager(name, model, inputs):
     model.eval()
-    traced = trace_inference(torch.fx.symbolic_trace(model), inputs)
+    traced = trace_inference(torch.fx.symbolic_trace(model), inputs).gm
     assert_core_only(traced)
     assert_meta_everywhere(traced)
     with torch.no_grad():
@@ -47,7 +47,7 @@ def _dynamo_capture(fn, inputs, dynamic=False):
     traced = []
 
     def backend(gm, example_inputs):
-        traced.append(trace_inference(gm, example_inputs))
+        traced.append(trace_inference(gm, example_inputs).gm)
         return traced[-1]
 
     torch._dynamo.reset()
@@ -85,7 +85,7 @@ def test_dynamo_dynamic_shapes_keep_symbolic_meta():
 def test_rms_norm_inplace_leftover_is_functionalized():
     # In torch 2.13 rms_norm's composite kernel reaches make_fx as ... .add_(eps).
     gm = torch.fx.symbolic_trace(lambda x: F.rms_norm(x, (8,)))
-    traced = trace_inference(gm, [torch.randn(3, 8)])
+    traced = trace_inference(gm, [torch.randn(3, 8)]).gm
     mutating = [t for t in call_targets(traced) if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable]
     assert not mutating, traced.code
 
@@ -96,7 +96,7 @@ def test_label_smoothing_masked_fill_leftover_is_decomposed():
         return F.cross_entropy(x, t, label_smoothing=0.1)
 
     x, t = torch.randn(4, 5), torch.tensor([1, -100, 3, 0])
-    traced = trace_inference(torch.fx.symbolic_trace(f), [x, t])
+    traced = trace_inference(torch.fx.symbolic_trace(f), [x, t]).gm
     assert_core_only(traced)
     torch.testing.assert_close(traced(x, t), f(x, t))
 
@@ -109,7 +109,7 @@ def test_input_mutation_is_a_trailing_copy_into_the_placeholder():
 
     gm = torch.fx.symbolic_trace(f)
     x, y = torch.randn(3), torch.randn(2, 3)
-    traced = trace_inference(gm, [x.clone(), y.clone()])
+    traced = trace_inference(gm, [x.clone(), y.clone()]).gm
     nodes = [n for n in traced.graph.nodes if n.op == "call_function"]
     copies = [n for n in nodes if n.target is aten.copy_.default]
     assert len(copies) == 2
@@ -133,7 +133,7 @@ def test_input_mutation_is_a_trailing_copy_into_the_placeholder():
 )
 def test_output_structure_matches_the_captured_graph(fn):
     x = torch.randn(3)
-    traced = trace_inference(torch.fx.symbolic_trace(fn), [x])
+    traced = trace_inference(torch.fx.symbolic_trace(fn), [x]).gm
     out, expected = traced(x), fn(x)
     assert type(out) is type(expected)
     torch.testing.assert_close(out, expected)
@@ -144,7 +144,7 @@ def test_meta_val_matches_eager_size_stride_dtype():
         return F.linear(x, w).transpose(0, 1), x.to(torch.bfloat16).softmax(-1)
 
     x, w = torch.randn(4, 6), torch.randn(5, 6)
-    traced = trace_inference(torch.fx.symbolic_trace(f), [x, w])
+    traced = trace_inference(torch.fx.symbolic_trace(f), [x, w]).gm
     out_node = next(n for n in traced.graph.nodes if n.op == "output")
     vals = [a.meta["val"] for a in out_node.args[0]]
     for val, real in zip(vals, f(x, w)):
@@ -158,7 +158,7 @@ def test_fake_inputs_from_an_existing_fake_mode_and_int_inputs():
 
     mode = FakeTensorMode()
     fake_x = mode.from_tensor(torch.randn(2, 3))
-    traced = trace_inference(torch.fx.symbolic_trace(f), [fake_x, 3])
+    traced = trace_inference(torch.fx.symbolic_trace(f), [fake_x, 3]).gm
     assert next(iter(traced.graph.nodes)).meta["val"].fake_mode is mode
     x = torch.randn(2, 3)
     torch.testing.assert_close(traced(x, 3), x * 3)

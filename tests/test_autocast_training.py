@@ -178,7 +178,7 @@ def test_passes_after_the_trace_do_not_apply_autocast_again():
     first backward call); a pass that runs fake kernels again (new strides of a size-1 dimension:
     compile_aten's aten_inputs) must not turn the float32 product into a bfloat16 one."""
     x, w = torch.randn(1, 8), torch.randn(8, 4)
-    aten_gm = trace_inference(torch.fx.symbolic_trace(lambda x, w: (x @ w).relu()), [x, w])   # float32
+    aten_gm = trace_inference(torch.fx.symbolic_trace(lambda x, w: (x @ w).relu()), [x, w]).gm   # float32
     x_other = torch.randn(8, 1).t()                  # strides (1, 1), traced with (8, 1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = compile_aten(aten_gm, [x_other, w])(x_other, w)
@@ -214,12 +214,12 @@ def test_narrow_products_run_as_the_library_or_in_float32(mode, dtype):
     with patch(cpu_narrow_gemm=mode):
         compiled = compile_graph(torch.fx.symbolic_trace(_products), args)
     assert_matches_eager(compiled(*args), _products(*args), rtol=1e-2, atol=1e-2)
-    wide = [n for n in compiled.aten_graph.graph.nodes if n.op == "call_function"
+    wide = [n for n in compiled.aten.gm.graph.nodes if n.op == "call_function"
             and n.target in (torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.mkldnn._linear_pointwise.default)
             and n.meta["val"].dtype == torch.float32]
     has_instructions = any(f in cpu_flags() for f in NARROW_FLAGS[dtype])
     assert len(wide) == (2 if mode == "float32" or (mode == "auto" and not has_instructions) else 0), wide
-    assert any("cpu: " in line and " mm -> " in line for line in compiled.aten_graph.meta["choices"]) == (mode == "auto")
+    assert any("cpu: " in line and " mm -> " in line for line in compiled.aten.choices) == (mode == "auto")
 
 
 @pytest.mark.parametrize("mode", ["library", "float32"])

@@ -70,9 +70,9 @@ def test_library_choices_show_and_eager_pins_eagers_libraries():
     qkv = [torch.randn(1, 2, 8, 4) for _ in range(3)] + [torch.randn(4, 4)]
     gm = torch.fx.symbolic_trace(f)
     with patch(cpu_gemm="onednn", cpu_attention="math"):
-        measured = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU))
+        measured = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU).gm)
         with patch(cpu_libraries="eager"):
-            eager = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU))
+            eager = library_choices(trace_inference(gm, qkv, compile_passes(CPU), CPU).gm)
     assert "0 as eager's" in measured[0] and "1 in oneDNN" in measured[0], measured
     assert "0 in eager's fused flash kernel, 1 decomposed" in measured[1], measured
     assert "1 as eager's" in eager[0] and "0 in oneDNN" in eager[0], eager

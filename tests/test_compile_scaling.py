@@ -45,7 +45,7 @@ def _aten_graph(blocks: int):
     with torch.no_grad():
         torch.compile(model, backend=capture)(torch.randn(4, 32))
     (gm, example_inputs), = graphs
-    return pipeline._trace(gm, list(example_inputs))
+    return pipeline._trace(gm, list(example_inputs)).gm
 
 
 def _counted(fn, *args, **kwargs):

@@ -12,8 +12,8 @@ from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 def _clones_to_channels_last(graph) -> int:
     """In the graph, and in its preparation of the weights (cpu/prepare.py), which runs once."""
-    prepared = graph.aten_graph.meta.get("prepared")
-    graphs = [graph.aten_graph.graph] + ([prepared.prepare.graph] if prepared else [])
+    prepared = graph.aten.prepared
+    graphs = [graph.aten.gm.graph] + ([prepared.prepare.graph] if prepared else [])
     return sum(1 for g in graphs for n in g.nodes
                if n.target is torch.ops.aten.clone.default and n.kwargs.get("memory_format") is torch.channels_last)
 
@@ -47,7 +47,7 @@ def test_conv_chain_runs_channels_last_inside_and_returns_eager_layout(fresh_dyn
         ref = model(x)
     out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)  # values and eager's (contiguous) strides
-    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
     # the input once (the second conv already gets NHWC), and each weight
     assert _clones_to_channels_last(graphs[0]) == 1 + len(convs) == 3
     assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
@@ -61,7 +61,7 @@ def test_bfloat16_conv_chain_runs_channels_last_too(fresh_dynamo):
         ref = model(x)
     out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=3e-2, rtol=2e-2)
-    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
     assert _clones_to_channels_last(graphs[0]) == 3
     assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
 
@@ -109,7 +109,7 @@ def test_model_suite_tiny_matches_eager(name, fresh_dynamo):
         ref = model(*inputs)
     out, graphs = compile_with_dynamo(model, *inputs)
     assert_matches_eager(out, ref, atol=1e-4, rtol=1e-4)
-    assert len(graphs) == 1 and hasattr(graphs[0], "aten_graph")   # one compiled graph, no fallback
+    assert len(graphs) == 1 and hasattr(graphs[0], "aten")   # one compiled graph, no fallback
 
 
 def test_memory_order_of_layouts():
@@ -148,14 +148,14 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
         ref = fn(x)
     out, graphs = compile_with_dynamo(fn, x)
     assert_matches_eager(out, ref)
-    targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
+    targets = [n.target for n in graphs[0].aten.gm.graph.nodes]
     assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 1
     assert targets.count(torch.ops.aten.convolution.default) == 1
     with patch(cpu_gemm="mkl"):  # where MKL is the GEMM choice: mm (into the wrapper's buffer) and the bias
         torch._dynamo.reset()
         out, graphs = compile_with_dynamo(fn, x)
     assert_matches_eager(out, ref)
-    targets = [n.target for n in graphs[0].aten_graph.graph.nodes]
+    targets = [n.target for n in graphs[0].aten.gm.graph.nodes]
     assert torch.ops.mkldnn._linear_pointwise.default not in targets and torch.ops.aten.mm.default in targets
     assert targets.count(torch.ops.aten.convolution.default) == 1
 
@@ -243,7 +243,7 @@ def test_convolution_of_an_eager_channels_last_input_is_left_out_and_gets_its_we
         out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
     assert seen == [(8, 3, 2, 2)]
-    convs = [n for n in graphs[0].aten_graph.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
     down = convs[-1]
     assert down.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
     assert down.args[1].meta["val"].is_contiguous(memory_format=torch.channels_last)

@@ -173,7 +173,7 @@ def test_a_measured_gemm_choice_prints_its_timings_in_the_aten_header_and_the_re
     layer = torch.nn.Linear(64, 32).eval()
     with patch(cpu_gemm="auto"):
         compiled = _compile(lambda x: layer(x) * 2, torch.randn(8, 64))
-    header = constructed_by(compiled.aten_graph)
+    header = constructed_by(compiled.aten)
     other = "mkl" if faster == "onednn" else "onednn"
     assert (f"# cpu: mm 8x64x32 (row @ column) -> {faster} ({faster} 1.000 ms, {other} 2.000 ms; "
             "mkl kept unless onednn is 10% faster)") in header

@@ -81,7 +81,7 @@ def test_transformer_block_kernels(backend):
     assert_matches_eager(out, transformer_block(*inputs), 1e-4, 1e-4)
     assert len(graphs) == 1 and graphs[0].backend == backend
     c = graphs[0]
-    eager_ops = len([n for n in c.aten_graph.graph.nodes if n.op == "call_function"])
+    eager_ops = len([n for n in c.aten.gm.graph.nodes if n.op == "call_function"])
     compute_ops = [e for e in c.externs if "mm" not in e.op and "_linear_pointwise" not in e.op]
     # eager launches one ATen op per node; the pointwise and reduction work here is a handful of kernels
     assert c.num_kernels <= 10, str(c.schedule)

@@ -68,7 +68,7 @@ def _check(compiled, model, x):
 
 
 def _main_targets(graph) -> set:
-    return {n.target for n in graph.aten_graph.graph.nodes}
+    return {n.target for n in graph.aten.gm.graph.nodes}
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -77,10 +77,10 @@ def test_batch_norm_folds_into_the_convolution(bias, fresh_dynamo):
     compiled, record = _compiled(model)
     _check(compiled, model, x)
     graph = record.graphs[0]
-    prepared = graph.aten_graph.meta["prepared"]
+    prepared = graph.aten.prepared
     assert prepared is not None and aten.rsqrt.default not in _main_targets(graph)   # no BN pass per call
     assert aten.rsqrt.default in {n.target for n in prepared.prepare.graph.nodes}
-    convs = [n for n in graph.aten_graph.graph.nodes if n.target is aten.convolution.default]
+    convs = [n for n in graph.aten.gm.graph.nodes if n.target is aten.convolution.default]
     assert convs[0].args[2] is not None   # BN's shift became the convolution's bias
 
 
@@ -88,7 +88,7 @@ def test_prepared_once_while_nothing_changes(fresh_dynamo):
     model, x = _model(), torch.randn(2, 3, 8, 8)
     compiled, record = _compiled(model)
     _check(compiled, model, x)
-    counter = Counting(record.graphs[0].aten_graph.meta["prepared"])
+    counter = Counting(record.graphs[0].aten.prepared)
     for _ in range(3):
         _check(compiled, model, x)
     assert counter.runs == 0
@@ -108,7 +108,7 @@ def test_result_follows_a_changed_parameter(change, fresh_dynamo):
     model, x = _model(), torch.randn(2, 3, 8, 8)
     compiled, record = _compiled(model)
     _check(compiled, model, x)
-    counter = Counting(record.graphs[0].aten_graph.meta["prepared"])
+    counter = Counting(record.graphs[0].aten.prepared)
     with torch.no_grad():
         change(model)
     _check(compiled, model, x)
@@ -170,7 +170,7 @@ def test_switched_off(fresh_dynamo):
     with patch(prepare_weights=False):
         _check(compiled, model, x)
     graph = record.graphs[0]
-    assert graph.aten_graph.meta["prepared"] is None and aten.rsqrt.default in _main_targets(graph)
+    assert graph.aten.prepared is None and aten.rsqrt.default in _main_targets(graph)
 
 
 def test_inference_tensors_are_prepared_every_call():
@@ -208,4 +208,4 @@ def test_freezing_option_turns_it_on_for_one_model(fresh_dynamo, compiles):
         assert_matches_eager(compiled(x), model(x))
         model.conv.weight.add_(1.0)
         assert_matches_eager(compiled(x), model(x))
-    assert len(compiles) == 1 and compiles[0].aten_graph.meta["prepared"] is not None
+    assert len(compiles) == 1 and compiles[0].aten.prepared is not None

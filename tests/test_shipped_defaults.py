@@ -46,7 +46,7 @@ def test_models_match_eager_under_the_shipped_defaults(name, replayed, fresh_dyn
         ref = model(*inputs)
     out, graphs = compile_with_dynamo(model, *inputs)
     assert_matches_eager(out, ref, atol=1e-4, rtol=1e-4)
-    choices = [line for line in constructed_by(graphs[0].aten_graph).splitlines() if line.startswith("# cpu: ")]
+    choices = [line for line in constructed_by(graphs[0].aten).splitlines() if line.startswith("# cpu: ")]
     assert len(graphs) == 1 and choices                     # the choices made, printed with their timings
     winners = {name for name, ms in REPLAYS[replayed].items() if ms == 1.0}
     assert all(line.split(" -> ")[1].split(" ")[0] in winners for line in choices), choices

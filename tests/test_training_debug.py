@@ -63,7 +63,7 @@ def test_the_backward_half_keeps_source_lines_and_saved_names(capsys, fresh_dyna
     for name in saved:   # the partition's names, not the retrace's arg<k>_1
         assert f"{name}: " in signature, (name, signature)
     # the compiled backward's ATen graph and kernels keep them too
-    aten = graph.backward.aten_graph.print_readable(print_output=False)
+    aten = graph.backward.aten.gm.print_readable(print_output=False)
     assert all(f"{name}: " in aten.split("def forward(self, ", 1)[1].split(")", 1)[0] for name in saved)
     assert "test_training_debug.py:" in graph.backward.kernel_source   # the kernels' source-line headers
 

@@ -22,7 +22,6 @@ from torch.utils.checkpoint import checkpoint
 import minicompile.backend as backend_module
 import minicompile.pipeline as pipeline_module
 from minicompile.backend import PerShapeGraph
-from minicompile.codegen.common import graph_symbols
 from minicompile.config import patch
 from minicompile.ir.expr import Expr, Sym
 from minicompile.ir.graph import LoopGraph
@@ -266,7 +265,7 @@ def test_an_input_sized_by_a_product_of_symbols_binds_no_symbol():
     s0, s1 = Expr.of(Sym("s0")), Expr.of(Sym("s1"))
     flat = InputBuffer("arg0", Layout((s0 * s1,), (1,), 0, torch.float32, torch.device("cpu")), position=0)
     graph = LoopGraph((flat,), (flat, s0, s1), {}, (), (), (), {}, ())
-    assert graph_symbols(graph) == {"s0": (1, None), "s1": (2, None)}
+    assert graph.symbols == {"s0": (1, None), "s1": (2, None)}
 
 
 # -- higher-order ops, and compiling leaves no global state behind ------------------------------------

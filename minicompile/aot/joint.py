@@ -72,6 +72,8 @@ class JointGraph:
     num_outputs: int               # flat forward outputs, first in the joint's output tuple
     grad_inputs: tuple             # positions of the primals whose gradients come after the outputs
     diff_outputs: tuple            # positions of the outputs that take a tangent (differentiable)
+    constructed_by: tuple = ()     # the joint trace's stamps (aot/runner.py)
+    choices: tuple = ()            # what the device policy measured
 
 
 @dataclass
@@ -90,8 +92,8 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePo
     _check_graph(gm)
     ctx = JointContext(list(example_inputs), policy=policy)
     graph = run_passes(gm, ctx, JOINT_PASSES, "trace_joint")
-    graph.meta["choices"] = ctx.choices
-    return JointGraph(graph, len(ctx.inputs), len(ctx.outputs), ctx.grad_inputs, ctx.diff_outputs)
+    return JointGraph(graph, len(ctx.inputs), len(ctx.outputs), ctx.grad_inputs, ctx.diff_outputs, ctx.constructed_by,
+                      tuple(ctx.choices))
 
 
 def fake_forward(gm, ctx: JointContext):

@@ -22,8 +22,8 @@ graph, so BatchNorm's running statistics are updated once per forward, as eager 
 (Max pooling's int64 indices were rewritten by the joint trace's last pass, so that one byte per
 output is what there is to save: aot/pool_offsets.py.) The partitioner does not rewrite the
 joint graph: the halves are copies of its nodes, with their names and meta (source lines), and
-each is stamped with the joint graph's passes plus ``partition, forward half`` (or backward):
-the chooser's time and the split's; ``meta["title"]`` says which half it is.
+each is stamped (``meta["constructed_by"]``) with the joint graph's passes plus ``partition,
+forward half`` (or backward), the chooser's time and the split's; ``meta["title"]`` says which.
 """
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ from torch.utils import _pytree as pytree
 
 from minicompile.aot import checkpoint as ckpt
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
-from minicompile.aot.runner import stamp
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
 
 # The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
@@ -86,7 +85,6 @@ class Partition:
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
     saved_primals: tuple           # positions of the primals backward reads (passed as they are)
-    num_saved: int                 # forward outputs after the user's: the saved intermediates
     grad_slots: tuple              # per joint grad: its position among backward's outputs, or None
     report: PartitionReport
 
@@ -107,7 +105,7 @@ def partition(joint: JointGraph, mode: str = "min_cut", checkpoint: str = "recom
         report.checkpoint = ckpt.summary(checkpoint if mode == "min_cut" else mode, view.region, in_backward, saved)
     steps = [(mode, t1 - t0), ("split", time.perf_counter() - t1)]
     for half, gm in (("forward half", part.forward), ("backward half", part.backward)):
-        stamp(gm, joint.graph.meta.get("constructed_by", []), f"partition, {half}", steps)
+        gm.meta["constructed_by"] = (*joint.constructed_by, (f"partition, {half}", tuple(steps)))
         gm.meta["title"] = f"{half} of the joint graph"   # what MINICOMPILE_DEBUG calls it
     return part
 
@@ -171,8 +169,7 @@ class JointView:
             k += isinstance(g, torch.fx.Node)
         forward = extract(self.gm, self.primals, self.outputs + saved, self.writes)
         backward = extract(self.gm, saved_primals + saved + self.tangents, grads)
-        return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), len(saved),
-                         tuple(slots), report)
+        return Partition(forward, backward, tuple(self.primals.index(p) for p in saved_primals), tuple(slots), report)
 
     def symbols_for(self, in_backward: set, inputs: list) -> list:
         """The size primals (Dynamo's int inputs, ``s56``) whose symbol backward's values name: a

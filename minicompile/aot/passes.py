@@ -1,17 +1,17 @@
 """The ATen-graph passes, in order.
 
-    aten_gm = trace_inference(gm, example_inputs)                        aten_passes(): device-neutral
-    aten_gm = trace_inference(gm, example_inputs, compile_passes(CPU), CPU)   the pipeline's list
-    aten_gm = prepare_aten(aten_gm, example_inputs, CPU)                 after_trace_passes(CPU), for a
+    aten = trace_inference(gm, example_inputs)                           aten_passes(): device-neutral
+    aten = trace_inference(gm, example_inputs, compile_passes(CPU), CPU) the pipeline's list
+    aten = prepare_aten(half_gm, example_inputs, CPU)                    after_trace_passes(CPU), for a
                                                                          graph that is ATen already
                                                                          (a half of the joint graph)
 
 Each pass is ``(gm, ctx) -> gm`` (aot/trace.py), run by the one runner (aot/runner.py), which
 stamps the result with the passes that constructed it and their times; a backend's policy
 (aot/policy.py, the CPU's in cpu/) adds its claims and passes at fixed places and records the
-choices it measured (``gm.meta["choices"]``). Both print as the ATen graph's header.
-``gm.meta["lifted"]`` holds the tensor attributes ``lift`` made inputs, ``gm.meta["prepared"]``
-(after the CPU's ``split_prepared``) the cached preparation of its trailing inputs (cpu/prepare.py).
+choices it measured. Both print as the ATen graph's header. The result is an ``AtenProgram``
+(aot/runner.py): the graph, the tensor attributes ``lift`` made inputs, the cached preparation
+of its trailing inputs (the CPU's ``split_prepared``, cpu/prepare.py), the stamps and choices.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from torch._guards import detect_fake_mode
 from minicompile.aot import trace
 from minicompile.aot.fake import refake_from, to_fake
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
-from minicompile.aot.runner import AtenPass, constructed_by, run_passes  # noqa: F401 (constructed_by: re-exported)
+from minicompile.aot.runner import AtenPass, AtenProgram, constructed_by, run_passes  # noqa: F401 (constructed_by: re-exported)
 
 
 def _functionalize(gm, ctx):
@@ -55,12 +55,8 @@ def compile_passes(policy: DevicePolicy = NEUTRAL) -> tuple:
     return (AtenPass("lift", trace.lift), *aten_passes(policy), *policy.prepare)
 
 
-ATEN_PASSES = aten_passes()
-COMPILE_PASSES = compile_passes()
-
-
 def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, passes=None,
-                    policy: DevicePolicy = NEUTRAL) -> torch.fx.GraphModule:
+                    policy: DevicePolicy = NEUTRAL) -> AtenProgram:
     """Trace ``gm`` (called with ``example_inputs``) to a functional, decomposed ATen graph.
 
     ``passes`` defaults to ``aten_passes(policy)``; ``policy`` is the backend's (aot/policy.py:
@@ -68,10 +64,7 @@ def trace_inference(gm: torch.fx.GraphModule, example_inputs: list, passes=None,
     Runs without autograd: only call it when no gradients are needed.
     """
     ctx = trace.PassContext(list(example_inputs), policy=policy)
-    gm = run_passes(gm, ctx, aten_passes(policy) if passes is None else passes, "trace_inference")
-    gm.meta["lifted"] = ctx.lifted
-    gm.meta["choices"] = ctx.choices
-    return gm
+    return ctx.program(run_passes(gm, ctx, aten_passes(policy) if passes is None else passes, "trace_inference"))
 
 
 # -- graphs that are functional ATen already ------------------------------------------------------
@@ -118,16 +111,13 @@ def after_trace_passes(policy: DevicePolicy = NEUTRAL) -> tuple:
             *policy.before_trace, *passes[traced:], *policy.prepare)
 
 
-def prepare_aten(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> torch.fx.GraphModule:
-    """A functional ATen graph (a half of the joint graph) -> the pipeline's ATen graph: the passes
-    tracing would have run after make_fx. ``gm`` is not changed (the passes work on a copy)."""
+def prepare_aten(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> AtenProgram:
+    """A functional ATen graph (a half of the joint graph) -> the pipeline's ATen program: the
+    passes tracing would have run after make_fx, stamped after the runners in
+    ``gm.meta["constructed_by"]`` (the partition's). ``gm`` is not changed (the passes work on a copy)."""
     copy = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
-    copy.meta.update(gm.meta)
-    ctx = trace.PassContext(list(example_inputs), policy=policy)
-    copy = run_passes(copy, ctx, after_trace_passes(policy), "compile_aten")
-    copy.meta["lifted"] = ctx.lifted
-    copy.meta["choices"] = [*gm.meta.get("choices", ()), *ctx.choices]
-    return copy
+    ctx = trace.PassContext(list(example_inputs), policy=policy, constructed_by=tuple(gm.meta.get("constructed_by", ())))
+    return ctx.program(run_passes(copy, ctx, after_trace_passes(policy), "compile_aten"))
 
 
 def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:

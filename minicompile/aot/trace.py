@@ -1,7 +1,7 @@
 """The ATen-graph passes of inference tracing: a captured FX graph -> one functional ATen graph.
 
 Each pass is ``(gm, ctx: PassContext) -> gm``; aot/passes.py lists them in order
-(ATEN_PASSES) and ``trace_inference`` runs the list. The traced GraphModule takes the same
+(``aten_passes()``) and ``trace_inference`` runs the list. The traced GraphModule takes the same
 inputs as ``gm`` (plus, after ``lift``, one per tensor attribute) and returns the same output
 structure (Dynamo graphs return a flat tuple; a single tensor, a list, or None entries come
 back as they went in). It contains only ATen ops (plus ``operator.getitem`` on multi-output
@@ -34,6 +34,7 @@ from minicompile.aot.fake import is_symbolic, make_fx_aten, to_fake, tracing
 from minicompile.aot.layout_readers import LayoutCheckingInterpreter
 from minicompile.aot.lift import lift_attributes
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
+from minicompile.aot.runner import AtenProgram
 from minicompile.aot.strides import restride_elementwise
 from minicompile.decomp import DECOMPOSITIONS
 
@@ -51,6 +52,11 @@ class PassContext:
     static: frozenset = frozenset()                # positions of parameter/buffer inputs (cpu/prepare.py)
     policy: DevicePolicy = NEUTRAL                 # the backend's claims and passes (aot/policy.py)
     choices: list = field(default_factory=list)    # what the policy measured, one line each (the header)
+    constructed_by: tuple = ()                     # the runners' stamps (aot/runner.py)
+    prepared: object = None                        # the CPU's CachedPreparation (cpu/prepare.py)
+
+    def program(self, gm) -> AtenProgram:
+        return AtenProgram(gm, tuple(self.lifted), self.prepared, self.constructed_by, tuple(self.choices))
     autocast: AutocastState = field(default_factory=AutocastState.current)   # applied by the tracing passes
 
 

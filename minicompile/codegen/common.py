@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from minicompile.ir.expr import Expr, NotSymbolic, Sym, symbols_of
+from minicompile.ir.expr import Expr
 from minicompile.ir.nodes import Buffer, Reduction, prod
 from minicompile.ir.ops import compute_dtype
 
@@ -121,38 +121,6 @@ def acc_dtype(node, wide_sums_above: int | None) -> torch.dtype:
             and (isinstance(count, Expr) or count > wide_sums_above)):
         return torch.float64
     return dt
-
-
-def graph_symbols(graph) -> dict:
-    """Each size symbol of a LoopGraph -> where the wrapper reads it at call time: ``(position,
-    dim)``, dimension ``dim`` of input ``position``, or ``(position, None)``, an int input; a
-    symbol the graph computes (graph.bound) -> ``(buffer name, dim or None)``, read once that
-    buffer's step has run. A symbol that is neither (only ``2*s0`` seen) raises NotSymbolic."""
-    where = {}
-    for pos, p in enumerate(graph.placeholders):
-        if _bare_symbol(p):
-            where.setdefault(p.terms[0][0].name, (pos, None))
-        elif isinstance(p, Buffer):
-            for dim, s in enumerate(p.layout.size):
-                if _bare_symbol(s):  # not a product (s0*s1: an input flattened before the graph)
-                    where.setdefault(s.terms[0][0].name, (pos, dim))
-    for sym, place in graph.bound.items():
-        where.setdefault(sym, place)
-    used = set()
-    for b in (*graph.inputs, *graph.buffers):
-        if b.layout is not None:
-            for s in (*b.layout.size, *b.layout.stride, b.layout.offset):
-                used |= {sym.name for sym in symbols_of(s)}
-    missing = used - set(where)
-    if missing:
-        raise NotSymbolic(f"symbols {sorted(missing)} are no input's size")
-    return dict(sorted(where.items()))
-
-
-def _bare_symbol(e) -> bool:
-    """``e`` is one symbol, ``s0``: not ``2*s0``, ``s0 + 1`` or ``s0*s1``."""
-    return (isinstance(e, Expr) and len(e.terms) == 1 and e.terms[0][1] == 1 and not e.const
-            and isinstance(e.terms[0][0], Sym))
 
 
 def identity_value(identity, dtype: torch.dtype):

@@ -18,7 +18,7 @@ import torch
 
 from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import column_var, render_columns
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_groups import form_groups, render_group
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
@@ -561,7 +561,7 @@ class CppBackend:
         """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal
         group's members (``static``) come right before the group's function. Each kernel or
         group is a unit the runtime may compile apart from the others (in parallel)."""
-        symbols = tuple(graph_symbols(graph))
+        symbols = tuple(graph.symbols)
         kernels = {k.name: CppKernel(k, graph.by_name, graph.mutations, graph.sources, symbols) for k in plan.kernels}
         groups = form_groups(plan.steps, kernels) if config.horizontal_groups else []
         for ck in (ck for g in groups for ck in g):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, graph_symbols, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.triton_ops import PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Var, atoms_of, size_value
@@ -359,7 +359,7 @@ class TritonBackend:
         """The prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
         buffers = graph.by_name
         parts, args, launch = ["# minicompile: Triton kernels for one graph", PRELUDE], {}, {}
-        symbols = tuple(graph_symbols(graph))
+        symbols = tuple(graph.symbols)
         for kernel in plan.kernels:
             tk = TritonKernel(kernel, buffers, graph.mutations, graph.sources, symbols)
             parts += ["", tk.render(), ""]

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minicompile.codegen.common import comment_text, graph_symbols
+from minicompile.codegen.common import comment_text
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
@@ -54,8 +54,7 @@ class WrapperCode:
         self.suffix = ".data_ptr()" if schedule.caps.pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
-        self.by_name = {b.name: b for b in graph.buffers}
-        self.symbols = graph_symbols(graph)  # symbol -> (input position, dim or None)
+        self.symbols = graph.symbols    # symbol -> (input position, dim or None)
 
     def _ref(self, obj) -> str:
         self.externs.append(obj)
@@ -117,7 +116,7 @@ class WrapperCode:
             else:
                 steps.append((_extern_event_name(step), self._extern_lines(step.buffer, pool, outputs)))
             for name in sorted(n for n, last in last_use.items() if last == step_no):
-                buf = self._buffer(name)
+                buf = self.graph.by_name.get(name)
                 if name in outputs or buf is None or isinstance(buf, InputBuffer) or name in self.storage:
                     continue
                 if self.reuse_memory and (isinstance(buf, ComputedBuffer) or writes_out(buf)):
@@ -221,15 +220,12 @@ class WrapperCode:
         lay = b.layout
         return f"{b.name} = conform({b.name}, {lay.size}, {lay.stride})"
 
-    def _buffer(self, name):
-        return self.by_name.get(name)
-
     def _alloc(self, n: ComputedBuffer, pool, outputs) -> str:
         lay = n.layout
         key = _pool_key(n)
         if n.name not in outputs and pool.get(key):
             old = pool[key].pop()
-            return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self._buffer(old), n) else \
+            return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self.graph.by_name[old], n) else \
                 f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
         nbytes = lay.storage_numel() * lay.dtype.itemsize
         # decided here, not on every call, unless the size is symbolic

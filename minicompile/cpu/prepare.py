@@ -147,9 +147,8 @@ class Emitter:
 # -- the split -----------------------------------------------------------------------------------
 
 def split_prepared(gm: torch.fx.GraphModule, ctx):
-    """Static-only values the graph reads become trailing placeholders; ``gm.meta["prepared"]``
-    is the CachedPreparation that computes them (None when there are none)."""
-    gm.meta["prepared"] = None
+    """Static-only values the graph reads become trailing placeholders; ``ctx.prepared`` is the
+    CachedPreparation that computes them (it stays None when there are none)."""
     if not prepares_weights(ctx):
         return gm
     hoisted = _hoistable(gm, static_nodes(gm, ctx.static))
@@ -168,7 +167,7 @@ def split_prepared(gm: torch.fx.GraphModule, ctx):
     gm.graph.eliminate_dead_code()
     gm.recompile()
     layouts = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride())) for n in frontier]
-    gm.meta["prepared"] = CachedPreparation(prepare, tuple(placeholders.index(s) for s in sources), layouts)
+    ctx.prepared = CachedPreparation(prepare, tuple(placeholders.index(s) for s in sources), layouts)
     return gm
 
 

@@ -23,10 +23,10 @@ from typing import Mapping
 
 import torch
 
-from minicompile.ir.expr import PythonRenderer, make_vars
+from minicompile.ir.expr import Expr, NotSymbolic, PythonRenderer, Sym, make_vars, symbols_of
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, Reduction,
                                   StorageView, contiguous_strides, iteration_vars)
-from minicompile.ir.ops import PrintOps
+from minicompile.ir.ops import PrintOps, RecordOps
 
 
 @dataclass(frozen=True)
@@ -50,27 +50,90 @@ class LoopGraph:
     # A symbol the graph computes (a data-dependent size: nonzero's row count, a value .item()
     # read) -> (the buffer that yields it, the dim of its size or None for the scalar itself)
     bound: Mapping = field(default_factory=dict)
+    # Derived once, when lowering builds the graph; the scheduler and the code generators read them.
+    by_name: Mapping = field(init=False, repr=False)     # every buffer kernels may name: computed,
+                                                         # extern, inputs and constants
+    mutations: Mapping = field(init=False, repr=False)   # computed buffer -> the input it writes into
+    reads: Mapping = field(init=False, repr=False)       # buffer -> the names of the buffers it reads
+    symbols: Mapping = field(init=False, repr=False)     # size symbol -> where the wrapper reads it
 
     def __post_init__(self):
-        object.__setattr__(self, "constants", MappingProxyType(dict(self.constants)))
-        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
-        object.__setattr__(self, "bound", MappingProxyType(dict(self.bound)))
-
-    @property
-    def by_name(self) -> dict:
-        """Every buffer the kernels may name: computed, extern, inputs and constants."""
-        out = {b.name: b for b in self.buffers}
-        out.update({b.name: b for b in self.inputs})
-        out.update({b.name: b for b in self.constant_buffers})
-        return out
-
-    @property
-    def mutations(self) -> dict:
-        """Computed buffer name -> the input buffer it writes into (its storage is the input's)."""
-        return {b.name: b.mutates for b in self.buffers if isinstance(b, ComputedBuffer) and b.mutates}
+        def put(name, value):
+            object.__setattr__(self, name, MappingProxyType(dict(value)))
+        for name in ("constants", "sources", "bound"):
+            put(name, getattr(self, name))
+        put("by_name", {b.name: b for b in (*self.buffers, *self.inputs, *self.constant_buffers)})
+        put("mutations", {b.name: b.mutates for b in self.buffers if isinstance(b, ComputedBuffer) and b.mutates})
+        put("reads", {b.name: buffer_reads(b) for b in self.buffers})
+        put("symbols", graph_symbols(self))
 
     def __str__(self) -> str:
         return format_loop_graph(self)
+
+
+def recorded_body(buf: ComputedBuffer) -> RecordOps:
+    """``buf``'s loop body run once on a RecordOps: what it reads, at which index, and its exprs."""
+    rec = RecordOps()
+    idx = iteration_vars(buf.data.ranges)
+    if isinstance(buf.data, Reduction):
+        buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
+    else:
+        buf.data.body(rec, idx)
+    return rec
+
+
+def buffer_reads(buf) -> frozenset:
+    """The names of the buffers ``buf`` reads: its loop body's loads, an extern's arguments."""
+    if isinstance(buf, ComputedBuffer):
+        return frozenset(r.name for r in recorded_body(buf).reads)
+    if isinstance(buf, MultiOutput):
+        return frozenset({buf.parent.name})
+    names = set()
+
+    def visit(a):
+        if isinstance(a, StorageView):
+            names.add(a.buffer.name)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x)
+    visit(buf.args)
+    visit(buf.kwargs)
+    return frozenset(names)
+
+
+def graph_symbols(graph: LoopGraph) -> dict:
+    """Each size symbol of a LoopGraph -> where the wrapper reads it at call time: ``(position,
+    dim)``, dimension ``dim`` of input ``position``, or ``(position, None)``, an int input; a
+    symbol the graph computes (graph.bound) -> ``(buffer name, dim or None)``, read once that
+    buffer's step has run. A symbol that is neither (only ``2*s0`` seen) raises NotSymbolic."""
+    where = {}
+    for pos, p in enumerate(graph.placeholders):
+        if _bare_symbol(p):
+            where.setdefault(p.terms[0][0].name, (pos, None))
+        elif isinstance(p, Buffer):
+            for dim, s in enumerate(p.layout.size):
+                if _bare_symbol(s):  # not a product (s0*s1: an input flattened before the graph)
+                    where.setdefault(s.terms[0][0].name, (pos, dim))
+    for sym, place in graph.bound.items():
+        where.setdefault(sym, place)
+    used = set()
+    for b in (*graph.inputs, *graph.buffers):
+        if b.layout is not None:
+            for s in (*b.layout.size, *b.layout.stride, b.layout.offset):
+                used |= {sym.name for sym in symbols_of(s)}
+    missing = used - set(where)
+    if missing:
+        raise NotSymbolic(f"symbols {sorted(missing)} are no input's size")
+    return dict(sorted(where.items()))
+
+
+def _bare_symbol(e) -> bool:
+    """``e`` is one symbol, ``s0``: not ``2*s0``, ``s0 + 1`` or ``s0*s1``."""
+    return (isinstance(e, Expr) and len(e.terms) == 1 and e.terms[0][1] == 1 and not e.const
+            and isinstance(e.terms[0][0], Sym))
 
 
 def format_loop_graph(graph: LoopGraph) -> str:

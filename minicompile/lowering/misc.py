@@ -1,14 +1,12 @@
 """Casts, copies, constants, ranges, concatenation, padding and input mutation."""
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from minicompile.ir.expr import Expr, NotSymbolic, size_value
 from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
                                   iteration_vars, shape_of)
-from minicompile.ir.ops import RecordOps, compute_dtype
+from minicompile.ir.ops import compute_dtype
 from minicompile.lowering.pointwise import broadcast_loader
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
@@ -246,7 +244,7 @@ def copy_(lw, node, dst, src, non_blocking=False):
     src = lw.env[node.args[1]] if isinstance(node.args[1], torch.fx.Node) else src
     load = broadcast_loader(src, tuple(dst.size), lw.same_size)
     value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
-    if _reads_elsewhere(value, target):
+    if _reads_elsewhere(lw, value, target):
         value = lw.realize(src)  # read all of the old values before any is overwritten
         load = broadcast_loader(value, tuple(dst.size), lw.same_size)
     buf = ComputedBuffer(lw.new_name(), target.layout, [node.name],
@@ -263,30 +261,14 @@ def _realize_readers_of(lw, target: InputBuffer, mutation) -> None:
     realized it) and is itself checked here when it is still to be read."""
     for fx_node, value in list(lw.env.items()):
         pending = [u for u in fx_node.users if u is not mutation and u not in lw.env]
-        if isinstance(value, (Lazy, ReindexView)) and pending and _reads(value, target):
+        if (isinstance(value, (Lazy, ReindexView)) and pending
+                and any(r.name == target.name for r in lw.recorded(value).reads)):
             lw.env[fx_node] = lw.realize_as_node(value, fx_node)
 
 
-# value -> names of the buffers its body reads. Every input mutation asks this of every value
-# still to be read: without the memo, a foreach optimizer's graph (one write-back per parameter
-# and state tensor, each checking all pending chains) spent 4 s of a 9 s compile here.
-_READS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _reads(value, target) -> bool:
-    if value not in _READS:
-        rec = RecordOps()
-        value.loader()(rec, iteration_vars(value.size))
-        _READS[value] = frozenset(r.name for r in rec.reads)
-    return target.name in _READS[value]
-
-
-def _reads_elsewhere(value, target: InputBuffer) -> bool:
-    rec = RecordOps()
-    idx = iteration_vars(value.size)
-    value.loader()(rec, idx)
-    here = target.layout.index(idx)
-    return any(r.name == target.name and r.index != here for r in rec.reads)
+def _reads_elsewhere(lw, value, target: InputBuffer) -> bool:
+    here = target.layout.index(iteration_vars(value.size))
+    return any(r.name == target.name and r.index != here for r in lw.recorded(value).reads)
 
 
 def _triangle(upper: bool):

@@ -41,10 +41,10 @@ def fx_graph_text(fx_graph) -> str:
 
 def aten_graph_text(compiled) -> str:
     """The ATen graph, headed by the passes that constructed it and their times."""
-    text = compiled.aten_graph.print_readable(print_output=False)
+    text = compiled.aten.gm.print_readable(print_output=False)
     # make_fx names the class after the traced callable, often "<lambda>".
     text = re.sub(r"^class <lambda>\(", "class AtenGraph(", text).rstrip() + "\n"
-    return constructed_by(compiled.aten_graph) + text
+    return constructed_by(compiled.aten) + text
 
 
 def joint_graph_text(joint) -> str:
@@ -54,7 +54,7 @@ def joint_graph_text(joint) -> str:
     grads = len(joint.grad_inputs)
     signature = (f"# (*primals, *tangents) -> (*outputs, *grads): {joint.num_primals} primal(s), "
                  f"{len(joint.diff_outputs)} tangent(s), {joint.num_outputs} output(s), {grads} gradient(s)\n")
-    return constructed_by(joint.graph) + signature + text
+    return constructed_by(joint) + signature + text
 
 
 def training_text(joint, part, level: int) -> str:
@@ -89,7 +89,7 @@ def fusion_text(compiled) -> str:
         lines += ["    " + ln for ln in per_kernel]
     elif compiled.externs or compiled.schedule.steps:
         lines.append("user source lines: none recorded (the tracer kept no stack traces for this graph)")
-    lines += [f"library choice: {c}" for c in library_choices(compiled.aten_graph)]
+    lines += [f"library choice: {c}" for c in library_choices(compiled.aten.gm)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -18,10 +18,8 @@ from torch.utils import _pytree as pytree
 
 from minicompile.config import config
 from minicompile.ir.expr import Expr, symbols_of
-from minicompile.ir.graph import LoopGraph
-from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, MultiOutput, Reduction, ScalarRef, StorageView,
-                                  is_static, iteration_vars, prod)
-from minicompile.ir.ops import RecordOps
+from minicompile.ir.graph import LoopGraph, recorded_body
+from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, split_loops
 
@@ -74,38 +72,6 @@ class Schedule:
         return "\n".join(lines)
 
 
-def _recorded_body(buf: ComputedBuffer) -> RecordOps:
-    """``buf``'s loop body run once on a RecordOps: what it reads, at which index, and its exprs."""
-    rec = RecordOps()
-    idx = iteration_vars(buf.data.ranges)
-    if isinstance(buf.data, Reduction):
-        buf.data.body(rec, idx, iteration_vars(buf.data.reduction_ranges, "r"))
-    else:
-        buf.data.body(rec, idx)
-    return rec
-
-
-def buffer_reads(buf) -> frozenset:
-    if isinstance(buf, ComputedBuffer):
-        return frozenset(r.name for r in _recorded_body(buf).reads)
-    if isinstance(buf, MultiOutput):
-        return frozenset({buf.parent.name})
-    names = set()
-
-    def visit(a):
-        if isinstance(a, StorageView):
-            names.add(a.buffer.name)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                visit(x)
-        elif isinstance(a, dict):
-            for x in a.values():
-                visit(x)
-    visit(buf.args)
-    visit(buf.kwargs)
-    return frozenset(names)
-
-
 def computed_numbers(graph: LoopGraph) -> dict:
     """Each symbol or number the graph computes at run time (graph.bound, and the ScalarRefs
     externs read) -> the buffer whose step computes it."""
@@ -123,7 +89,7 @@ def buffer_symbols(buf) -> set:
     if buf.layout is not None:
         exprs += [*buf.layout.size, *buf.layout.stride, buf.layout.offset]
     if isinstance(buf, ComputedBuffer):
-        rec = _recorded_body(buf)
+        rec = recorded_body(buf)
         exprs += [*buf.data.reduction_ranges, *buf.data.ranges, *(r.index for r in rec.reads), *rec.exprs]
     elif isinstance(buf, ExternKernel):
         for leaf in pytree.tree_leaves((buf.args, buf.kwargs)):
@@ -165,8 +131,7 @@ ROW_SCRATCH_LIMIT = 16384
 def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     """Group ``graph``'s buffers into kernels. With ``caps.row_scratch`` a per-row value read by a
     later loop of the same kernel is kept in a row-sized array instead of memory."""
-    buffers = graph.buffers
-    reads = {b.name: buffer_reads(b) for b in buffers}
+    buffers, reads = graph.buffers, graph.reads
     deps = _dependencies(graph, reads)
     groups, group_of, failures = _fuse(buffers, reads, deps)
     steps = _steps(_group_order(groups, group_of, deps), graph, reads, deps, caps)

@@ -71,7 +71,7 @@ class DifferentialCheck:
         return actual
 
     def _report(self, found: str, expected, actual, args: tuple, rng) -> None:
-        wide = float64_values(self.gm, args, self.compiled.aten_graph)[1]
+        wide = float64_values(self.gm, args, self.compiled.aten.gm)[1]
         distance = rounding_distances(expected, actual, wide)
         if distance and distance[0] <= ROUNDING * distance[1] + ROUNDING_ATOL:
             log.info("minicompile check: %s; but no farther from a float64 run than eager (%.3g against %.3g)",
@@ -93,11 +93,11 @@ class DifferentialCheck:
 
 def localise(compiled, found: str, expected, args: tuple, rng) -> str:
     """The check's report for a graph whose outputs differ from eager's (see the module docstring)."""
-    full = list(args) + list(compiled.lifted)
-    prepared = compiled.aten_graph.meta.get("prepared")
+    full = list(args) + list(compiled.aten.lifted)
+    prepared = compiled.aten.prepared
     aten_args = full + list(prepared(tuple(full))) if prepared else full
     _set_rng_state(rng)
-    eager, aten_out = eager_values(compiled.aten_graph, _copies(aten_args))  # each run on its own copies:
+    eager, aten_out = eager_values(compiled.aten.gm, _copies(aten_args))  # each run on its own copies:
     # the graph writes the inputs it mutates
     lines = [f"minicompile check: a compiled graph ({compiled.num_kernels} kernel(s), "
              f"{len(compiled.externs)} extern call(s)) differs from eager: {found}"]
@@ -105,7 +105,7 @@ def localise(compiled, found: str, expected, args: tuple, rng) -> str:
     if decomposed:
         lines.append(f"  the decomposed ATen graph, run eagerly, already differs (a decomposition or ATen pass): "
                      f"{decomposed}")
-    wide = float64_values(compiled.aten_graph, aten_args, compiled.aten_graph)[0]
+    wide = float64_values(compiled.aten.gm, aten_args, compiled.aten.gm)[0]
     steps = SteppedRun(compiled, _copies(full), wide)
     _set_rng_state(rng)
     first = steps.first_difference(eager, feed=True)
@@ -117,7 +117,7 @@ def localise(compiled, found: str, expected, args: tuple, rng) -> str:
         lines.append("  every kernel and extern call matches eager when fed eager's inputs"
                      + (f"; along the compiled chain, rounding first exceeds the tolerance at {chained}"
                         if chained else "; the difference is in the outputs' layout or aliasing"))
-    lines += [f"  library choice: {c}" for c in library_choices(compiled.aten_graph)]
+    lines += [f"  library choice: {c}" for c in library_choices(compiled.aten.gm)]
     path = _write_repro(compiled, aten_args, "a graph MINICOMPILE_CHECK found to differ from eager")
     lines.append(f"  reproducer: {path} (run: python {path})")
     return "\n".join(lines)
@@ -196,7 +196,7 @@ class SteppedRun:
         self.wide = wide  # float64 values of the FX nodes: a difference within rounding is not reported
         kernels = compiled.code.kernels
         self.wrapper = WrapperCode(compiled.loop_graph, compiled.schedule, kernels.kernel_args, kernels.groups,
-                                   compiled.aten_graph.meta.get("prepared"), reuse_memory=False)
+                                   compiled.aten.prepared, reuse_memory=False)
         source = self.wrapper.generate()
         self.ns: dict = {}
         exec(compile(source, "<minicompile-check-wrapper>", "exec"), self.ns)

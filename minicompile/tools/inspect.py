@@ -120,8 +120,8 @@ def _summary(compiled) -> str:
 
 def _library_choices(compiled) -> list[str]:
     if isinstance(compiled, TrainingGraph):
-        return [f"{half}: {c}" for half, g in _halves(compiled) for c in library_choices(g.aten_graph)]
-    return library_choices(compiled.aten_graph) if isinstance(compiled, CompiledGraph) else []
+        return [f"{half}: {c}" for half, g in _halves(compiled) for c in library_choices(g.aten.gm)]
+    return library_choices(compiled.aten.gm) if isinstance(compiled, CompiledGraph) else []
 
 
 def breaks_text(report: CaptureReport) -> str:

@@ -122,7 +122,7 @@ def write_repro(compiled, example_inputs: list, directory: str, title: str = "",
     if values is not None:
         torch.save([v.detach() if isinstance(v, torch.Tensor) else v for v in values],
                    os.path.join(directory, "inputs.pt"))
-    gm = compiled.aten_graph
+    gm = compiled.aten.gm
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     rows = [_input_row(n, x) for n, x in zip(placeholders, example_inputs)]
     constants = {}

@@ -79,8 +79,7 @@ class Tracer:
     of a value can then run user code (a property getter) without importing the interpreter.
     """
 
-    def __init__(self, forced_breaks: dict, locations: "dict | None" = None, *, call, sizes=None,
-                 symbolic: bool = False):
+    def __init__(self, forced_breaks: dict, *, call, sizes=None, symbolic: bool = False):
         self._call = call
         self.graph = torch.fx.Graph()
         self.sizes = sizes            # dynamic.FrameSizes: which input sizes are symbolic

@@ -80,7 +80,7 @@ def test_cnn_training_layout_is_measured_under_the_shipped_defaults(replayed, fr
     out, graphs = compile_with_dynamo(model, x, grad=True)
     out.sum().backward()
     (graph,) = graphs
-    header = constructed_by(graph.joint.graph)
+    header = constructed_by(graph.joint)
     (line,) = [line for line in header.splitlines() if "training layout of" in line]
     expected = "nhwc" if REPLAYS[replayed]["nhwc"] < REPLAYS[replayed]["nchw"] else "nchw"
     assert line.split(" -> ")[1].startswith(expected), line

@@ -49,3 +49,18 @@ def test_bench_train_models_table_marks_eager_graphs_and_leaves_them_out_of_the_
     assert "resnet18: minicompile ran 1 of 1 graph(s) eagerly (its time is eager's there): autocast is enabled" in table
     geomean = next(line for line in table.splitlines() if line.startswith("geomean"))
     assert geomean.startswith("geomean (1 of 3)") and "2.00x" in geomean and "0.25" in geomean   # compile 2 / 8
+
+
+def test_saved_bytes_leave_out_what_the_caller_holds():
+    """A Linear saves its input and weight; what the caller holds anyway (the input, the weight)
+    is not memory the step adds: only the activation between the two products counts."""
+    import torch
+    from minicompile.tools.bench_train import saved_bytes
+    a, b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    step = lambda backward=True: b(a(x).relu()).sum()  # noqa: E731
+    held = [*a.parameters(), *b.parameters(), x]
+    everything = saved_bytes(step)
+    added = saved_bytes(step, held)
+    assert added == 3 * 16 * 4            # relu's output, saved by b (relu's own saved result is the same storage)
+    assert everything > added + 16 * 4 * 4   # b's weight and x counted there

@@ -16,8 +16,10 @@ each compiled column's gradients are compared with eager's.
 "saved" is what autograd keeps for backward in one step, counted with
 ``torch.autograd.graph.saved_tensors_hooks`` (it sees eager's saved tensors and both
 compilers' autograd Functions alike): numel * itemsize of every packed tensor, each storage
-once. It includes the inputs and parameters a graph saves (the caller holds them anyway), so it
-compares the columns, not their activation memory.
+once, leaving out the storages the caller holds anyway (the model's parameters and buffers and
+the step's inputs): the memory that saving for backward adds. (Under autocast eager saves
+bfloat16 copies of the weights, which count, and a compiled graph may save the float32
+parameters themselves, which do not.)
 
 A training graph minicompile cannot compile yet runs eagerly (the log says why); the table
 then marks the row with "eager graphs" and the reasons, as its times are not minicompile's.
@@ -79,13 +81,16 @@ def fresh_caches():
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
-def saved_bytes(step) -> int:
-    """Bytes autograd packs for backward during ``step()``, each storage counted once."""
+def saved_bytes(step, held=()) -> int:
+    """Bytes autograd packs for backward during ``step()``, each storage counted once, those of the
+    tensors in ``held`` (what the caller keeps anyway) left out."""
     storages: dict = {}
+    kept = {t.untyped_storage().data_ptr() for t in held}
 
     def pack(t):
         key = t.untyped_storage().data_ptr()
-        storages[key] = max(storages.get(key, 0), t.numel() * t.element_size())
+        if key not in kept:
+            storages[key] = max(storages.get(key, 0), t.numel() * t.element_size())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -117,7 +122,7 @@ def setup(name: str, size: str, columns: tuple) -> dict:
         step = make_step(COMPILERS[col](m), m, xc, grad_out)
         t0 = time.perf_counter()
         step()   # compiles the forward, then the backward
-        result[col] = dict(model=m, x=xc, step=step, inprocess_compile_s=time.perf_counter() - t0)
+        result[col] = dict(model=m, x=xc, inputs=[xc], step=step, inprocess_compile_s=time.perf_counter() - t0)
     return result
 
 
@@ -141,7 +146,8 @@ def timed(make_columns, reps: int) -> tuple[dict, EagerGraphs]:
         with fresh_caches():
             cols = make_columns()
             for c in cols.values():
-                c["saved"] = saved_bytes(c["step"])
+                held = [*c["model"].parameters(), *c["model"].buffers(), *c["inputs"]]
+                c["saved"] = saved_bytes(c["step"], held)
                 c["step"]()   # warm-up
             order = list(cols.values())
             for c, times in zip(order, time_interleaved([c["step"] for c in order], reps)):

@@ -78,7 +78,7 @@ def setup(name: str, size: str, columns: tuple, autocast: str | None, recorder: 
         step = make_step(wrap[col](m), m, inputs, autocast)
         t0 = time.perf_counter()
         step()   # compiles the forward, then the backward
-        result[col] = dict(model=m, step=step, inprocess_compile_s=time.perf_counter() - t0)
+        result[col] = dict(model=m, inputs=inputs, step=step, inprocess_compile_s=time.perf_counter() - t0)
     return result
 
 

@@ -121,6 +121,15 @@ def test_conv_residual_add_then_relu_is_a_post_op(bias, then):
     assert not fused_nodes(c, CONV.binary)
 
 
+def test_depthwise_conv_takes_its_activation_too():
+    torch.manual_seed(0)
+    model = Conv(F.gelu, True, groups=8).eval()
+    x, r = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last), torch.randn(2, 16, 9, 7)
+    with torch.no_grad(), patch(cpu_epilogue="fused"):
+        c = check(model, x, r, **TOL)
+    assert len(fused_nodes(c, CONV.default)) == 1 and fused_nodes(c, CONV.default)[0].args[6] == 8
+
+
 def test_product_read_elsewhere_is_not_fused():
     class Reused(nn.Module):
         def __init__(self):

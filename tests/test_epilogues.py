@@ -55,7 +55,7 @@ class Conv(nn.Module):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [(6,), (2, 5)], ids=["2d", "3d"])
+@pytest.mark.parametrize("rows", [(6,), (2, 5), (2, 3, 2)], ids=["2d", "3d", "4d"])   # 4d: matmul, then the bias
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_linear_activation_is_a_post_op(name, rows, bias):
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def test_linear_activation_is_a_post_op(name, rows, bias):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [(6,), (2, 5)], ids=["2d", "3d"])
+@pytest.mark.parametrize("rows", [(6,), (2, 5), (2, 3, 2)], ids=["2d", "3d", "4d"])
 def test_linear_residual_add_is_a_post_op(rows, bias):
     torch.manual_seed(0)
     model, x, r = Linear(None, bias, residual=True).eval(), torch.randn(*rows, 32), torch.randn(*rows, 48)
@@ -128,6 +128,17 @@ def test_depthwise_conv_takes_its_activation_too():
     with torch.no_grad(), patch(cpu_epilogue="fused"):
         c = check(model, x, r, **TOL)
     assert len(fused_nodes(c, CONV.default)) == 1 and fused_nodes(c, CONV.default)[0].args[6] == 8
+
+
+def test_pointwise_conv_as_linear_takes_its_activation_through_the_permute():
+    # cpu/conv_layout.py runs an NHWC 1x1 convolution as a linear over pixels, viewed back as NCHW
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.SiLU()).eval()
+    x = torch.randn(2, 8, 5, 6).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), patch(cpu_gemm="onednn", cpu_epilogue="fused"):
+        c = check(model, x, **TOL)
+    fused = fused_nodes(c, LINEAR.default)
+    assert len(fused) == 1 and fused[0].args[3] == "swish", c.aten_graph.graph
 
 
 def test_product_read_elsewhere_is_not_fused():

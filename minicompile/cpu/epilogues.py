@@ -103,9 +103,12 @@ def _match(node) -> Match | None:
         if add is not None and add.target is aten.add.Tensor and not add.kwargs and _is_bias(add, node):
             out, bias = add, (add, add.args[0] if add.args[1] is node else add.args[1])
     y, views = out, []
-    while (v := _only_user(y)) is not None and v.target in _VIEWS and v.args[0] is y:
+    while (v := _only_user(y)) is not None and v.target in (*_VIEWS, aten.permute.default) and v.args[0] is y:
         views.append(v)
         y = v
+    if _bias_after_views(node, kind, bias, views):    # a linear of >2-d input: matmul, then its bias
+        add = _only_user(y)
+        out, bias, y = node, (add, add.args[0] if add.args[1] is y else add.args[1]), add
     unary = _activation_of(y)
     if unary is not None:
         return Match(kind, node, bias, out, views, unary[0], None, unary[1], unary[2])
@@ -149,11 +152,23 @@ def _conv_fits(conv) -> bool:
     return same and w.dtype == torch.float32
 
 
-def _is_bias(add, mm) -> bool:
-    other = add.args[0] if add.args[1] is mm else add.args[1]
-    val, out = (other.meta.get("val") if isinstance(other, torch.fx.Node) else None), mm.meta["val"]
-    return isinstance(val, torch.Tensor) and val.dim() == 1 and val.shape[0] == out.shape[1] and val.dtype == out.dtype \
-        and val.stride() == (1,)
+def _is_bias(add, y) -> bool:
+    """``add`` is ``y`` plus a vector along its last dimension (a linear's bias)."""
+    other = add.args[0] if add.args[1] is y else add.args[1]
+    val, out = (other.meta.get("val") if isinstance(other, torch.fx.Node) else None), y.meta["val"]
+    return isinstance(val, torch.Tensor) and val.dim() == 1 and val.shape[0] == out.shape[-1] and val.dtype == out.dtype \
+        and val.stride() == (1,) and other is not y
+
+
+def _bias_after_views(product, kind: str, bias: tuple, views: list) -> bool:
+    """The product has no bias of its own and its views (no permute: the last dimension stays the
+    product's columns) are followed by a bias add only."""
+    if kind == "conv" or bias or (kind == "linear" and product.args[2] is not None) or not views \
+            or any(v.target is aten.permute.default for v in views):
+        return False
+    add = _only_user(views[-1])
+    return add is not None and add.target is aten.add.Tensor and not add.kwargs and len(add.args) == 2 \
+        and _is_bias(add, views[-1])
 
 
 def _residual_fits(residual, y, kind: str, views: list) -> bool:
@@ -262,7 +277,7 @@ def _operands(m: Match) -> list:
     args = m.product.args
     tensors = [args[0], args[1]] + ([args[2]] if m.kind != "mm" and args[2] is not None else [])
     if m.bias:
-        tensors.append(m.bias[1])
+        tensors.append(m.bias[1])   # mm's, or one added after the product's views
     return tensors + ([m.residual] if m.residual is not None else [])
 
 
@@ -344,7 +359,7 @@ def _rewrite(gm: torch.fx.GraphModule, m: Match, fake_mode, decision: Decision) 
                                          unary[1] if m.unary else None, unary[2], unary[3] or None))
         else:
             x, w = args[0], (args[1] if m.kind == "linear" else emit(aten.t.default, args[1]))
-            b = args[2] if m.kind == "linear" else (m.bias[1] if m.bias else None)
+            b = m.bias[1] if m.bias else args[2] if m.kind == "linear" else None
             if m.residual is None:
                 fused = g.call_function(torch.ops.mkldnn._linear_pointwise.default, (x, w, b, *unary[1:]))
             else:

@@ -3,6 +3,8 @@ bias, residual add, linear and convolution, compared with eager; the fused call 
 graph when pinned fused and absent when pinned separate; training graphs never get it."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -25,6 +27,9 @@ ACTIVATIONS = {
     "silu": (F.silu, "swish"),
     "hardtanh": (lambda y: F.hardtanh(y, -0.5, 0.75), "hardtanh"),
     "relu6": (F.relu6, "hardtanh"),
+    # Hugging Face's NewGELUActivation (GPT-2's "gelu_new"), written out in Python
+    "gelu_new": (lambda y: 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0)))),
+                 "gelu"),
 }
 # oneDNN's post-ops compute the activation in its own vectorised code: float rounding apart
 TOL = dict(atol=1e-5, rtol=1e-4)

@@ -223,6 +223,9 @@ def _ancestors_within(exit, region: set) -> set:
 
 
 _COMMUTATIVE = (aten.add.Tensor, aten.mul.Tensor)
+# a number times a tensor is one product whichever overload wrote it (HF's GELU writes ``x * 0.5``,
+# which traces as mul.Tensor; our decomposition's mul.Scalar)
+_SAME = {aten.mul.Scalar: aten.mul.Tensor, aten.add.Scalar: aten.add.Tensor}
 
 
 def _expr(a, y) -> str:
@@ -230,11 +233,12 @@ def _expr(a, y) -> str:
     if a is y:
         return "y"
     if isinstance(a, torch.fx.Node):
+        target = _SAME.get(a.target, a.target)
         args = [_expr(x, y) for x in a.args]
-        if a.target in _COMMUTATIVE:
+        if target in _COMMUTATIVE:
             args.sort()
         kwargs = [f"{k}={_expr(v, y)}" for k, v in sorted(a.kwargs.items())]
-        return f"{a.target}({', '.join(args + kwargs)})"
+        return f"{target}({', '.join(args + kwargs)})"
     if isinstance(a, (list, tuple)):
         return "[" + ", ".join(_expr(x, y) for x in a) + "]"
     return repr(a)

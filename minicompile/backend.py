@@ -184,9 +184,10 @@ def _training_compiler(knobs: dict):
     Not with the inference channels-last pass (cpu/conv_layout.py): in a forward half it converts
     every call and leaves the backward's convolutions on mixed layouts. The joint trace chose the
     training layout already (aot/conv_layout_train.py), for both halves at once. Nor with prepared
-    weights (cpu/prepare.py): the parameters change every step."""
+    weights (cpu/prepare.py): the parameters change every step. Nor with oneDNN's fused epilogues
+    (cpu/epilogues.py): inference only."""
     def compile_part(part_gm, example_inputs):
-        with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False}):
+        with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False, "cpu_epilogue": "separate"}):
             return compile_aten(part_gm, example_inputs)
     return compile_part
 

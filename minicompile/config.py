@@ -149,11 +149,18 @@ class Config:
         "converted operands rounded once (10-45x faster on AVX2; both accumulate in float32); "
         "`library` or `float32` pins it",
         choices=("auto", "library", "float32"))
+    cpu_epilogue: str = knob(
+        "MINICOMPILE_CPU_EPILOGUE", "auto", "CPU float32 inference: an activation (ReLU, GELU, SiLU, clamp) or "
+        "residual add after a matrix product or 2-d convolution runs as oneDNN's post-op where, timed on "
+        "this machine (once per shape and thread count, remembered in the cache), that beats the product "
+        "plus a separate pass (cpu/epilogues.py); `fused` or `separate` pins it; training graphs: `separate`",
+        choices=("auto", "fused", "separate"))
     cpu_libraries: str = knob(
         "MINICOMPILE_CPU_LIBRARIES", "measured", "`eager` pins every library choice that changes numerics "
         "to the call eager makes: matrix products through MKL's sgemm (as `MINICOMPILE_CPU_GEMM=mkl`), "
         "bfloat16/float16 ones through the library's narrow kernel (as `MINICOMPILE_CPU_NARROW_GEMM=library`) and "
-        "attention through eager's fused kernel wherever eager runs it (as `MINICOMPILE_CPU_ATTENTION=flash`); "
+        "attention through eager's fused kernel wherever eager runs it (as `MINICOMPILE_CPU_ATTENTION=flash`), "
+        "epilogues in separate passes (as `MINICOMPILE_CPU_EPILOGUE=separate`); "
         "`measured` leaves them to those knobs", choices=("measured", "eager"))
     conv_channels_last: bool = knob(
         "MINICOMPILE_CONV_CHANNELS_LAST", True, "CPU float32 convolutions run channels-last: in inference "

@@ -9,6 +9,11 @@ from minicompile.ir.nodes import Layout, memory_order
 from minicompile.tools.models import MODELS
 from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
+# a convolution, or one with its epilogue fused in (cpu/epilogues.py)
+CONVOLUTIONS = (torch.ops.aten.convolution.default,) + ((torch.ops.mkldnn._convolution_pointwise.default,
+                                                         torch.ops.mkldnn._convolution_pointwise.binary)
+                                                        if hasattr(torch.ops.mkldnn, "_convolution_pointwise") else ())
+
 
 def _clones_to_channels_last(graph) -> int:
     """In the graph, and in its preparation of the weights (cpu/prepare.py), which runs once."""
@@ -47,7 +52,7 @@ def test_conv_chain_runs_channels_last_inside_and_returns_eager_layout(fresh_dyn
         ref = model(x)
     out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)  # values and eager's (contiguous) strides
-    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target in CONVOLUTIONS]   # an epilogue may be fused
     # the input once (the second conv already gets NHWC), and each weight
     assert _clones_to_channels_last(graphs[0]) == 1 + len(convs) == 3
     assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
@@ -61,7 +66,7 @@ def test_bfloat16_conv_chain_runs_channels_last_too(fresh_dynamo):
         ref = model(x)
     out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=3e-2, rtol=2e-2)
-    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target in CONVOLUTIONS]
     assert _clones_to_channels_last(graphs[0]) == 3
     assert all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
 
@@ -243,7 +248,7 @@ def test_convolution_of_an_eager_channels_last_input_is_left_out_and_gets_its_we
         out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
     assert seen == [(8, 3, 2, 2)]
-    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target in CONVOLUTIONS]
     down = convs[-1]
     assert down.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
     assert down.args[1].meta["val"].is_contiguous(memory_format=torch.channels_last)

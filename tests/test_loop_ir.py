@@ -106,7 +106,7 @@ def test_non_contiguous_buffers_print_their_strides():
 def test_aten_graph_is_stamped_with_its_passes(softmax_graph):
     head = aten_graph_text(softmax_graph).splitlines()[0]
     assert head.startswith("# Constructed by trace_inference: lift ")
-    for name in ("functionalize", "dce", "fold_gelu", "restride", "alias_outputs"):
+    for name in ("functionalize", "dce", "epilogues", "restride", "alias_outputs"):
         assert f" {name} " in head, name
 
 
@@ -148,11 +148,14 @@ def test_inspect_shows_the_loop_ir(tmp_path):
 def test_cpu_policy_claims_onednn_linear_and_the_ir_says_why():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32).eval()
-    with patch(cpu_gemm="onednn"):
+    with patch(cpu_gemm="onednn", cpu_epilogue="fused"):
         compiled = _compile(lambda x: F.gelu(layer(x)) * 2, torch.randn(8, 64))
     text = str(compiled.loop_graph)
     assert "extern mkldnn._linear_pointwise.default(" in text and "'gelu', [], 'none')" in text
-    assert "# runs eagerly: oneDNN's linear with GELU folded in: pinned by MINICOMPILE_CPU_GEMM=onednn" in text
+    assert "# runs eagerly: oneDNN's linear with gelu as its post-op: pinned by MINICOMPILE_CPU_EPILOGUE=fused" in text
+    with patch(cpu_gemm="onednn", cpu_epilogue="separate"):
+        compiled = _compile(lambda x: F.gelu(layer(x)) * 2, torch.randn(8, 64))
+    assert "# runs eagerly: oneDNN's linear: pinned by MINICOMPILE_CPU_GEMM=onednn" in str(compiled.loop_graph)
     with patch(cpu_gemm="mkl"):   # the claim declines: the neutral decomposition runs
         compiled = _compile(lambda x: layer(x) * 2, torch.randn(8, 64))
     assert "mkldnn" not in str(compiled.loop_graph) and "extern aten.mm.default(" in str(compiled.loop_graph)

@@ -264,7 +264,7 @@ def test_matrix_products_write_into_the_wrappers_buffers():
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
 def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
-    # decomp/linalg.py fold_gelu_into_onednn_linear: only when GELU is the linear's one use
+    # cpu/epilogues.py: only when GELU is the linear's one use (tests/test_epilogues.py: the rest)
     class Layer(torch.nn.Module):
         def __init__(self, form):
             super().__init__()
@@ -281,13 +281,13 @@ def test_exact_gelu_after_a_onednn_linear_is_its_post_op():
     torch.manual_seed(0)
     x = torch.randn(8, 64)
     post_op = "'gelu', [], 'none')"
-    with patch(cpu_gemm="onednn"), torch.no_grad():
+    with patch(cpu_gemm="onednn", cpu_epilogue="fused"), torch.no_grad():
         c = check(Layer("exact"), x, atol=1e-5, rtol=1e-4)
-        assert post_op in c.wrapper_source and "with GELU folded in" in c.wrapper_source
+        assert post_op in c.wrapper_source and "with gelu as its post-op" in c.wrapper_source
         c = check(Layer("reused"), x, atol=1e-5, rtol=1e-4)
         assert post_op not in c.wrapper_source
         c = check(Layer("tanh"), x, atol=1e-5, rtol=1e-4)
-        assert post_op not in c.wrapper_source and c.schedule.kernels
+        assert post_op not in c.wrapper_source and "'gelu', [], 'tanh')" in c.wrapper_source
 
 
 @pytest.mark.parametrize("train", [False, True])

@@ -80,7 +80,7 @@ class ConvNet(nn.Module):
 
     def forward(self, x):
         h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
-        return F.gelu(self.fc(h.mean((2, 3))))   # GELU after a linear: the fold_gelu pass
+        return F.gelu(self.fc(h.mean((2, 3))))   # GELU after a linear: the epilogues pass (inference only)
 
 
 def test_compile_aten_builds_the_kernels_tracing_the_halves_again_built(fresh_dynamo):

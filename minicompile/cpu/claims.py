@@ -10,19 +10,18 @@ lowering then runs as an extern call. cpu/policy.py hands them to the trace (``C
     narrow_gemm_decision  a bfloat16/float16 product as the library's kernel or in float32, likewise
     attention_decision  eager's fused flash attention or our math form, measured or pinned
     claim_convolution   NHWC input for oneDNN, inside inference traces only (cpu/conv_layout.py)
-    fold_gelu_into_onednn_linear   an ATen pass: GELU as oneDNN's post-op
     stamp_extern_reasons           an ATen pass: ``node.meta["extern_reason"]``, which lowering prints
 
 A claim checks the device of its tensors, so tracing a CUDA graph is untouched. Each measured
 choice is timed once per machine, thread count and shape (cpu/timing.py) and printed in the ATen
 graph's header; the knobs MINICOMPILE_CPU_GEMM, MINICOMPILE_CPU_NARROW_GEMM and
 MINICOMPILE_CPU_ATTENTION pin them (MINICOMPILE_CPU_LIBRARIES=eager pins eager's libraries).
+Epilogues fused into oneDNN's products as post-ops: cpu/epilogues.py.
 What was measured where: docs/models.md.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -43,8 +42,8 @@ def use_onednn_linear(mat1, mat2) -> bool:
     on the machine (MKL takes a generic code path on non-Intel CPUs; docs/models.md has the
     numbers), so ``config.cpu_gemm`` "auto" measures both at the product's shape (its size hints,
     for a symbolic size) once per machine, thread count and shape (cpu/timing.library_choice);
-    "mkl" and "onednn" pin the choice. A bias of the product is added inside oneDNN's call, and an exact GELU after it
-    becomes its post-op (``fold_gelu_into_onednn_linear``).
+    "mkl" and "onednn" pin the choice. A bias of the product is added inside oneDNN's call; an activation or a residual
+    add after it may become its post-op (cpu/epilogues.py, measured too).
     """
     decision = gemm_decision(mat1, mat2)
     return decision is not None and decision.choice == "onednn"
@@ -229,63 +228,6 @@ def _claim_convolution_backward(grad, input, weight, *conv):
     return tuple(_narrow(g, input.dtype) for g in grads)
 
 
-def fold_gelu_into_onednn_linear(gm: torch.fx.GraphModule) -> int:
-    """Replace ``gelu(linear(x, W, b))`` by one oneDNN linear with GELU as its post-op.
-
-    Runs on the traced ATen graph, where ``_claim_addmm`` left a
-    ``mkldnn._linear_pointwise(x, W, b, "none")`` and ``decomp/activations.py`` wrote the exact
-    GELU as ``0.5 * y * (erf(y / sqrt(2)) + 1)``. When the linear's value feeds nothing else,
-    oneDNN applies GELU while the product is still in registers: the MLP's separate GELU
-    kernel and its intermediate are gone. Returns the number of folds.
-    """
-    linear = torch.ops.mkldnn._linear_pointwise.default if _onednn_available() else None
-    folds = 0
-    for node in list(gm.graph.nodes):
-        if linear is None or node.target is not linear or tuple(node.args[3:]) != ("none", [], ""):
-            continue
-        match = _exact_gelu_of(node)
-        if match is None:
-            continue
-        out, dead = match
-        with gm.graph.inserting_before(out):
-            fused = gm.graph.call_function(linear, (*node.args[:3], "gelu", [], "none"))
-        fused.meta = dict(out.meta)
-        out.replace_all_uses_with(fused)
-        for n in [out, *dead, node]:
-            gm.graph.erase_node(n)
-        folds += 1
-    if folds:
-        gm.recompile()
-    return folds
-
-
-def _exact_gelu_of(y):
-    """(the GELU's result node, its other nodes) if y's only users compute GELU(y), else None."""
-    def scalar_mul(n, c):
-        return (n.target is aten.mul.Scalar and n.args[0] is y and isinstance(n.args[1], float)
-                and abs(n.args[1] - c) < 1e-12)
-
-    users = list(y.users)
-    half = [u for u in users if scalar_mul(u, 0.5)]
-    scaled = [u for u in users if scalar_mul(u, 1.0 / math.sqrt(2.0))]
-    if len(users) != 2 or len(half) != 1 or len(scaled) != 1:
-        return None
-    half, scaled = half[0], scaled[0]
-    erf = _only_user(scaled)
-    one = _only_user(erf) if erf is not None and erf.target is aten.erf.default else None
-    if one is None or one.target is not aten.add.Scalar or one.args[1] != 1.0:
-        return None
-    out = _only_user(one)
-    if out is None or out.target is not aten.mul.Tensor or set(out.args) != {half, one} or _only_user(half) is not out:
-        return None
-    return out, [one, erf, scaled, half]
-
-
-def _only_user(n):
-    users = list(n.users)
-    return users[0] if len(users) == 1 else None
-
-
 # -- fused CPU attention -----------------------------------------------------------------------
 
 def use_fused_cpu_attention(query, key, value, attn_mask=None, is_causal=False, scale=None) -> bool:
@@ -393,7 +335,7 @@ def stamp_extern_reasons(gm: torch.fx.GraphModule) -> int:
     call and prints the reason. Returns how many it stamped."""
     stamped = 0
     for node in gm.graph.nodes:
-        reason = _extern_reason(node) if node.op == "call_function" else None
+        reason = _extern_reason(node) if node.op == "call_function" and "extern_reason" not in node.meta else None
         if reason is not None:
             node.meta["extern_reason"] = reason
             stamped += 1
@@ -411,7 +353,7 @@ def _extern_reason(node) -> str | None:
                 + _why(decision, "measured faster than the math form for this shape on this machine",
                        "MINICOMPILE_CPU_ATTENTION=math decomposes it"))
     if _onednn_available() and node.target is torch.ops.mkldnn._linear_pointwise.default:
-        post = " with GELU folded in" if len(node.args) > 3 and node.args[3] == "gelu" else ""
+        post = f" with {node.args[3]} as its post-op" if len(node.args) > 3 and node.args[3] != "none" else ""
         decision = (gemm_decision(vals[0], vals[1].t(), measure=False)
                     if _all_tensors(vals[:2]) and vals[0].dim() == vals[1].dim() == 2 else None)
         return (f"oneDNN's linear{post}: "

@@ -4,19 +4,20 @@
                     as eager's flash kernel or our math form, convolutions fed channels-last
     before_trace    static_inputs: which inputs are parameters or buffers (cpu/prepare.py)
     around_trace    channels-last where it measured faster (cpu/conv_layout.py); measured_first
-    after_trace     fold_conv_bn, pointwise_convs, fold_gelu, extern_reasons
+    after_trace     fold_conv_bn, pointwise_convs, epilogues (cpu/epilogues.py), extern_reasons
     prepare         split_prepared: values from parameters alone, computed once (cpu/prepare.py)
     train_channels_last  a training graph's layout, measured forward and backward (cpu/train_layout.py)
 
 Each measured choice is printed in the ATen graph's header (``# cpu: mm 8x16x32 (row @ column) ->
 onednn (onednn 0.012 ms, mkl 0.015 ms; ...)``); the knobs that pin them are MINICOMPILE_CPU_GEMM,
-MINICOMPILE_CPU_ATTENTION, MINICOMPILE_CONV_LAYOUT and MINICOMPILE_CPU_LIBRARIES (config.py).
+MINICOMPILE_CPU_ATTENTION, MINICOMPILE_CPU_EPILOGUE, MINICOMPILE_CONV_LAYOUT and MINICOMPILE_CPU_LIBRARIES (config.py).
 """
 from __future__ import annotations
 
 from minicompile.aot.policy import AtenPass, DevicePolicy
-from minicompile.cpu.claims import CPU_CLAIMS, fold_gelu_into_onednn_linear, stamp_extern_reasons, use_onednn_linear
+from minicompile.cpu.claims import CPU_CLAIMS, stamp_extern_reasons, use_onednn_linear
 from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear, relayout_active
+from minicompile.cpu.epilogues import fuse_epilogues
 from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
 from minicompile.cpu.timing import measured_first, recording
 from minicompile.cpu.train_layout import channels_last_pays_in_training
@@ -62,9 +63,11 @@ def _pointwise_convs(gm, ctx):
     return gm
 
 
-def _fold_gelu(gm, ctx):
-    """GELU after a oneDNN linear becomes its post-op (cpu/claims.py)."""
-    fold_gelu_into_onednn_linear(gm)
+def _epilogues(gm, ctx):
+    """Activations and residual adds after a float32 product or convolution become oneDNN's
+    post-ops where that measured faster (cpu/epilogues.py)."""
+    with recording(ctx.choices):
+        fuse_epilogues(gm, ctx)
     return gm
 
 
@@ -81,7 +84,7 @@ CPU = DevicePolicy(
     around_trace=_around_trace,                                     # channels-last where it measured faster
     after_trace=(AtenPass("fold_conv_bn", fold_conv_bn),            # conv * s + t, s and t from parameters
                  AtenPass("pointwise_convs", _pointwise_convs),     # 1x1 conv of NHWC -> oneDNN linear or mm
-                 AtenPass("fold_gelu", _fold_gelu),                 # GELU into oneDNN's linear
+                 AtenPass("epilogues", _epilogues),                 # activation, residual: oneDNN post-ops
                  AtenPass("extern_reasons", _extern_reasons)),      # why each vendor call stays whole
     prepare=(AtenPass("split_prepared", split_prepared),),          # parameter-only values: computed once
     relayout_active=relayout_active,

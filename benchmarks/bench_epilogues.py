@@ -36,11 +36,11 @@ def compiled(model, inputs, mode: str, freezing: bool):
     fn = torch.compile(copy.deepcopy(model), backend=backend)
     with torch.no_grad(), patch(cpu_epilogue=mode, prepare_weights=freezing):
         fn(*inputs)
-    atens = [g.aten_graph for g in graphs if hasattr(g, "aten_graph")]
-    fused = sum(1 for a in atens for n in a.graph.nodes if n.target in (LINEAR.binary, CONVOLUTION.default,
+    atens = [g.aten for g in graphs if hasattr(g, "aten")]
+    fused = sum(1 for a in atens for n in a.gm.graph.nodes if n.target in (LINEAR.binary, CONVOLUTION.default,
                                                                          CONVOLUTION.binary)
                 or (n.target is LINEAR.default and n.args[3] != "none"))
-    lines = [line for a in atens for line in a.meta.get("choices", []) if "epilogue" in line]
+    lines = [line for a in atens for line in a.choices if "epilogue" in line]
     return fn, fused, lines
 
 

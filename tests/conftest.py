@@ -35,9 +35,11 @@ def test_config():
     and one choice on every machine, so kernel counts (a GELU folded into the product) do not
     depend on a timing (tests of "auto" and "mkl" set the knob themselves). For the same reason
     convolution graphs always run channels-last (conv_layout "auto" measures; its tests set it),
-    and attention is decomposed to its math form (cpu_attention "auto" measures; its tests set it)."""
+    and attention is decomposed to its math form (cpu_attention "auto" measures; its tests set it),
+    and activations and residual adds stay out of the products (cpu_epilogue "auto" measures, and
+    chose "separate" on the machines measured so far; tests/test_epilogues.py sets it)."""
     with patch(fallback_on_error=False, cache_dir=TEST_CACHE_DIR, cpu_gemm="onednn", conv_layout="channels_last",
-               cpu_attention="math"):
+               cpu_attention="math", cpu_epilogue="separate"):
         yield
 
 

@@ -36,7 +36,7 @@ TOL = dict(atol=1e-5, rtol=1e-4)
 
 
 def fused_nodes(compiled, op) -> list:
-    return [n for n in compiled.aten_graph.graph.nodes if n.op == "call_function" and n.target is op]
+    return [n for n in compiled.aten.gm.graph.nodes if n.op == "call_function" and n.target is op]
 
 
 class Linear(nn.Module):
@@ -70,7 +70,7 @@ def test_linear_activation_is_a_post_op(name, rows, bias):
         with torch.no_grad(), patch(cpu_gemm=gemm, cpu_epilogue="fused"):
             c = check(model, x, r, **TOL)
         fused = fused_nodes(c, LINEAR.default)
-        assert len(fused) == 1 and fused[0].args[3] == attr, c.aten_graph.graph
+        assert len(fused) == 1 and fused[0].args[3] == attr, c.aten.gm.graph
         assert (fused[0].args[2] is not None) == bias
         assert "as its post-op: pinned by MINICOMPILE_CPU_EPILOGUE=fused" in c.wrapper_source
     with torch.no_grad(), patch(cpu_gemm="onednn", cpu_epilogue="separate"):
@@ -85,7 +85,7 @@ def test_linear_residual_add_is_a_post_op(rows, bias):
     model, x, r = Linear(None, bias, residual=True).eval(), torch.randn(*rows, 32), torch.randn(*rows, 48)
     with torch.no_grad(), patch(cpu_gemm="onednn", cpu_epilogue="fused"):
         c = check(model, x, r, **TOL)
-    assert len(fused_nodes(c, LINEAR.binary)) == 1, c.aten_graph.graph
+    assert len(fused_nodes(c, LINEAR.binary)) == 1, c.aten.gm.graph
     with torch.no_grad(), patch(cpu_gemm="onednn", cpu_epilogue="separate"):
         c = check(model, x, r, **TOL)
     assert not fused_nodes(c, LINEAR.binary)
@@ -103,7 +103,7 @@ def test_conv_activation_is_a_post_op(name, bias, layout):
     with torch.no_grad(), patch(cpu_epilogue="fused"):
         c = check(model, x, r, **TOL)             # eager's values and strides
     fused = fused_nodes(c, CONV.default)
-    assert len(fused) == 1 and fused[0].args[7] == attr, c.aten_graph.graph
+    assert len(fused) == 1 and fused[0].args[7] == attr, c.aten.gm.graph
     with torch.no_grad(), patch(cpu_epilogue="separate"):
         c = check(model, x, r, **TOL)
     assert not fused_nodes(c, CONV.default)
@@ -118,7 +118,7 @@ def test_conv_residual_add_then_relu_is_a_post_op(bias, then):
     with torch.no_grad(), patch(cpu_epilogue="fused"):
         c = check(model, x, r, **TOL)
     fused = fused_nodes(c, CONV.binary)
-    assert len(fused) == 1, c.aten_graph.graph
+    assert len(fused) == 1, c.aten.gm.graph
     # oneDNN applies only ReLU after its add here; SiLU stays our kernel after the fused add
     assert fused[0].args[10] == ("relu" if then == "relu" else None)
     with torch.no_grad(), patch(cpu_epilogue="separate"):
@@ -143,7 +143,7 @@ def test_pointwise_conv_as_linear_takes_its_activation_through_the_permute():
     with torch.no_grad(), patch(cpu_gemm="onednn", cpu_epilogue="fused"):
         c = check(model, x, **TOL)
     fused = fused_nodes(c, LINEAR.default)
-    assert len(fused) == 1 and fused[0].args[3] == "swish", c.aten_graph.graph
+    assert len(fused) == 1 and fused[0].args[3] == "swish", c.aten.gm.graph
 
 
 def test_product_read_elsewhere_is_not_fused():
@@ -181,7 +181,7 @@ def test_measured_choice_is_in_the_header():
     model, x, r = Conv(F.relu, True).eval(), torch.randn(2, 8, 9, 7), torch.randn(2, 16, 9, 7)
     with torch.no_grad(), patch(cpu_epilogue="auto"):
         c = check(model, x, r, **TOL)
-    lines = [line for line in c.aten_graph.meta["choices"] if "epilogue conv" in line]
+    lines = [line for line in c.aten.choices if "epilogue conv" in line]
     assert len(lines) == 1 and "+ relu -> " in lines[0] and "separate " in lines[0] and "fused " in lines[0], lines
     fused = bool(fused_nodes(c, CONV.default))
     assert lines[0].split(" -> ")[1].startswith("fused" if fused else "separate")
@@ -206,6 +206,6 @@ def test_training_graphs_are_unaffected():
         assert_matches_eager(p.grad, g, **TOL)
     assert len(rec.training) == 1
     for half in (rec.training[0].forward, rec.training[0].backward):
-        targets = {n.target for n in half.aten_graph.graph.nodes}
+        targets = {n.target for n in half.aten.gm.graph.nodes}
         assert not targets & {CONV.default, CONV.binary, LINEAR.binary}, targets
-        assert all(n.args[3] == "none" for n in half.aten_graph.graph.nodes if n.target is LINEAR.default)
+        assert all(n.args[3] == "none" for n in half.aten.gm.graph.nodes if n.target is LINEAR.default)

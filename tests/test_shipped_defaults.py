@@ -1,4 +1,4 @@
-"""The shipped CPU defaults ("auto" for the GEMM, attention and convolution-layout choices), run
+"""The shipped CPU defaults ("auto" for the GEMM, attention, convolution-layout and epilogue choices), run
 on a deterministic replay of recorded timings instead of a stopwatch.
 
 tests/conftest.py pins the three choices so that kernel counts do not depend on a timing. Here
@@ -20,8 +20,10 @@ from minicompile.tools.workloads import build_train
 from tests.helpers import assert_matches_eager, compile_with_dynamo
 
 REPLAYS = {  # milliseconds per call, by candidate
-    "as measured here": {"onednn": 1.0, "mkl": 2.0, "flash": 1.0, "math": 2.0, "nhwc": 1.0, "nchw": 2.0},
-    "the other way": {"onednn": 2.0, "mkl": 1.0, "flash": 2.0, "math": 1.0, "nhwc": 2.0, "nchw": 1.0},
+    "as measured here": {"onednn": 1.0, "mkl": 2.0, "flash": 1.0, "math": 2.0, "nhwc": 1.0, "nchw": 2.0,
+                         "separate": 1.0, "fused": 2.0},
+    "the other way": {"onednn": 2.0, "mkl": 1.0, "flash": 2.0, "math": 1.0, "nhwc": 2.0, "nchw": 1.0,
+                      "separate": 2.0, "fused": 1.0},
 }
 
 
@@ -33,7 +35,7 @@ def replayed(request, monkeypatch):
     monkeypatch.setattr(timing, "load_timings", lambda key: None)
     monkeypatch.setattr(timing, "save_choice", lambda *args: None)
     monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: {n: table[n] * 1e-3 for n in candidates})
-    with patch(cpu_gemm="auto", cpu_attention="auto", conv_layout="auto"):
+    with patch(cpu_gemm="auto", cpu_attention="auto", conv_layout="auto", cpu_epilogue="auto"):
         yield request.param
 
 

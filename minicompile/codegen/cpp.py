@@ -10,7 +10,6 @@ runtime/include/minicompile_prelude.h, which the translation unit includes.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -196,7 +195,7 @@ class CppKernel(KernelRenderer):
 
     def render(self) -> str:
         body = ["    " + ln for ln in self._outer()]
-        named = set(re.findall(r"\b\w+\b", "\n".join(body)))
+        named = {sym.name for sym in self.plan.symbols}
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
         params = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}  // {a.describe()}" for a in self.args]
         params += [f"int64_t {s}  // a size, known at call time" for s in self.size_args]

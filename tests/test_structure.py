@@ -35,7 +35,7 @@ TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
 STAGE_BUDGETS = {"capture": 6079, "aot": 2761, "cpu": 1305, "decomp": 1421, "lowering": 1634, "ir": 1230,
-                 "scheduler": 793, "codegen": 2340, "runtime": 1154, TOP_LEVEL: 1120}
+                 "scheduler": 793, "codegen": 2339, "runtime": 1154, TOP_LEVEL: 1120}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 

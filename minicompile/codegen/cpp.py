@@ -52,7 +52,6 @@ class CppOps:
     """Emits C++ statements for a loop body into ``lines``; values are CV. Where each value goes
     (before the loops, a per-channel array, before this loop, in it) and how a division or a
     sin/cos is spelled is the kernel's plan (cpp_plan.py): ``planned`` yields it per ops call."""
-    buffers: dict                         # name -> Buffer
     storage: dict                         # buffer name -> pointer name
     locals: dict                          # buffer name -> (index Expr, CV) computed in-kernel
     lines: list = field(default_factory=list)
@@ -183,7 +182,7 @@ class CppKernel(KernelRenderer):
     def loop_ops(self, known: dict, lines: list, before_loop: list | None = None, **kwargs) -> CppOps:
         """The ops handler of a stage: ``lines`` its statements, ``before_loop`` (in a loop stage)
         those once per outer point before it; ``known`` the values kept in registers."""
-        return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
+        return CppOps(self.storage, known, lines, self.counter, scratch=self.scratch,
                       hoisted=self.hoisted, before_loop=before_loop, **kwargs)
 
     def evaluate(self, ops, node):

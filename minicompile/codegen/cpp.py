@@ -10,17 +10,18 @@ runtime/include/minicompile_prelude.h, which the translation unit includes.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
 from minicompile.codegen.cpp_channels import ChannelValues
-from minicompile.codegen.cpp_columns import column_var, render_columns
+from minicompile.codegen.cpp_columns import render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_groups import form_groups, render_group
+from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
+from minicompile.codegen.cpp_plan import KernelPlan, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
 from minicompile.ir.expr import Expr, atoms_of
@@ -34,7 +35,6 @@ from minicompile.scheduler.kernel import flat_of
 
 _R = CppRenderer()
 TRIG_ROW = 4096  # elements per range check of the inline sin/cos in a flat loop
-_FAST_TRIG = re.compile(r"\bmc_(sin|cos)_fast\(")
 
 
 @dataclass
@@ -49,156 +49,90 @@ class CV:
 
 @dataclass
 class CppOps:
-    """Emits C++ statements for a loop body into ``lines``; values are CV."""
-    buffers: dict                         # name -> Buffer
+    """Emits C++ statements for a loop body into ``lines``; values are CV. Where each value goes
+    (before the loops, a per-channel array, before this loop, in it) and how a division or a
+    sin/cos is spelled is the kernel's plan (cpp_plan.py): ``planned`` yields it per ops call."""
     storage: dict                         # buffer name -> pointer name
     locals: dict                          # buffer name -> (index Expr, CV) computed in-kernel
     lines: list = field(default_factory=list)
     counter: Iterator[int] = field(default_factory=itertools.count)  # the kernel's, shared by its handlers
     cse: dict = field(default_factory=dict)
     scratch: dict = field(default_factory=dict)  # buffer name -> "row array[flat inner index]"
-    invariant: set = field(default_factory=set)  # values computed outside the current loop
-    constants: set = field(default_factory=set)  # values known when the kernel is generated
-    literals: set = field(default_factory=set)   # those of them that are literals, not temporaries
-    # None: sin/cos through the library. A list: inline mc_sin_fast/mc_cos_fast, and their
-    # arguments are collected here so the loop can check them against MC_TRIG_MAX
-    trig_args: list | None = None
-    # Loop-invariant code motion (see CppKernel.hoisted): statements computed once before the
-    # kernel's loops go to ``hoisted``; ``read_only`` are the pointers a hoisted load may read;
-    # ``outside`` the values so computed. None: compute everything where it is used.
-    hoisted: list | None = None
-    read_only: set = field(default_factory=set)
-    outside: set = field(default_factory=set)
-    # In a loop stage: loads of a read-only buffer at an index without the loop's variables (a
-    # per-row value, such as var_mean's shift x[row, 0]) go to ``before_loop``, once per row.
-    # Left in the loop, g++ must assume a store may change them and leaves the loop scalar
-    # (LayerNorm + erf-GELU: 3.5 ms against 0.3 ms vectorised).
-    before_loop: list | None = None
-    loop_vars: set = field(default_factory=set)
-    # Per-channel precomputation (see CppKernel.channel): values computed only from loads that
-    # move with the innermost loop variable alone (and hoisted values, literals) go into arrays
-    # filled by one loop before the kernel's loops. None: off.
-    channel: ChannelValues | None = None
-    # values a bfloat16 / float16 rounding would not change (a load of that dtype, a rounding's
-    # result): rounding one again is skipped (a bf16 graph's ``to(bf16)`` after every op)
-    exact: dict = field(default_factory=dict)   # expression -> dtype
+    hoisted: list | None = None       # kernel-level statements: before the kernel's loops
+    before_loop: list | None = None   # row-level statements: before this loop, once per outer point
+    channel: ChannelValues | None = None   # channel-level values: arrays filled before the loops
+    trig_args: list | None = None     # the inline sin/cos's arguments, checked against MC_TRIG_MAX
+    # inline sin/cos: index in ``lines`` -> the statement with the library's, for the row's redo
+    redo: dict = field(default_factory=dict)
+    planned: Iterator = iter(())
 
-    def _tmp(self, ctype_dtype: torch.dtype, expr: str, hoist: bool = False, per_row: bool = False,
-             channel=None) -> CV:
+    def _tmp(self, ctype_dtype: torch.dtype, expr: str, step=None) -> CV:
         key = (expr, ctype_dtype)
         if key in self.cse:
             return self.cse[key]
-        if channel is not None:
-            self.cse[key] = value = CV(self.channel.add(channel, f"tmp{next(self.counter)}", CTYPE[ctype_dtype], expr),
+        level = step.level if step is not None else "element"
+        if level == "channel":
+            self.cse[key] = value = CV(self.channel.add(step.var, f"tmp{next(self.counter)}", CTYPE[ctype_dtype], expr),
                                        ctype_dtype)
             return value
         name = f"tmp{next(self.counter)}"
-        target = self.hoisted if hoist else self.before_loop if per_row else self.lines
+        target = self.hoisted if level == "kernel" else self.before_loop if level == "row" else self.lines
         target.append(f"{CTYPE[ctype_dtype]} {name} = {expr};")
         value = CV(name, ctype_dtype)
         self.cse[key] = value
-        if hoist:
-            self.outside.add(name)
         return value
 
-    def _hoistable(self, *args) -> bool:
-        """Computed from hoisted values and literals only, with at least one hoisted value. (Not
-        from a temporary computed from literals alone: it is declared in the loop body, after
-        the hoisted statements.)"""
-        return (self.hoisted is not None and any(a.expr in self.outside for a in args)
-                and all(a.expr in self.outside or a.expr in self.literals for a in args))
-
-    def _per_channel(self, *args):
-        """The loop variable whose per-index arrays hold this value: computed from values per
-        index of that one variable, hoisted values and literals, with at least one of the first.
-        None otherwise."""
-        ch = self.channel
-        if ch is None:
-            return None
-        found = {ch.values[a.expr] for a in args if a.expr in ch.values}
-        if len(found) == 1 and all(a.expr in ch.values or a.expr in self.outside or a.expr in self.literals
-                                   for a in args):
-            return found.pop()
-        return None
-
     def load(self, name, index, dtype):
+        step = next(self.planned)
         if name in self.locals:
             where, value = self.locals[name]
             assert where == index, f"local {name} read at {index}, written at {where}"
             return value
         if name in self.scratch:
             return self._tmp(compute_dtype(dtype), self.scratch[name])
-        ptr = self.storage.get(name, name)
-        raw = f"{ptr}[{_R.render(index)}]"
+        raw = f"{self.storage.get(name, name)}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
             raw = f"mc_bf16_to_f32({raw})"
         elif dtype == torch.float16:
             raw = f"static_cast<float>({raw})"
-        hoist = self.hoisted is not None and ptr in self.read_only and not atoms_of(index)
-        atoms = atoms_of(index)
-        if (dtype in (torch.float32, torch.bfloat16, torch.float16) and self.channel is not None
-                and ptr in self.read_only and len(atoms) == 1 and next(iter(atoms)) in self.channel.sizes):
-            self.channel.values[raw] = next(iter(atoms))   # read where used: in its filling loop and the kernel's
-            return self._exact(CV(raw, compute_dtype(dtype)), dtype)
-        per_row = (not hoist and self.before_loop is not None and ptr in self.read_only
-                   and not atoms_of(index) & self.loop_vars)
-        return self._exact(self._tmp(compute_dtype(dtype), raw, hoist, per_row), dtype)
-
-    def _exact(self, value: CV, dtype: torch.dtype) -> CV:
-        if dtype in (torch.bfloat16, torch.float16):
-            self.exact[value.expr] = dtype
-        return value
+        if step.level == "channel":   # read where used: in its filling loop and the kernel's
+            return CV(raw, compute_dtype(dtype))
+        return self._tmp(compute_dtype(dtype), raw, step)
 
     def constant(self, value, dtype):
-        value = CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
-        self.invariant.add(value.expr)
-        self.constants.add(value.expr)
-        self.literals.add(value.expr)
-        return value
-
-    def _same_every_iteration(self, result: CV, *args) -> CV:
-        """A value computed only from loop invariants is one too (the divisor of a masked softmax)."""
-        if all(a.expr in self.invariant for a in args):
-            self.invariant.add(result.expr)
-            if all(a.expr in self.constants for a in args):
-                self.constants.add(result.expr)
-        return result
+        next(self.planned)
+        return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
+        next(self.planned)
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
     def to_dtype(self, x, dtype):
-        where = dict(hoist=self._hoistable(x), channel=self._per_channel(x))
-        if dtype in (torch.bfloat16, torch.float16) and self.exact.get(x.expr) == dtype:
+        step = next(self.planned)
+        if step.level == "same":   # (a bfloat16 value rounded again, a cast to its own dtype)
             return x
-        if dtype == torch.bfloat16:
-            return self._exact(self._tmp(torch.float32, f"mc_round_bf16({_cast(x, torch.float32)})", **where), dtype)
-        if dtype == torch.float16:
-            return self._exact(self._tmp(torch.float32, f"mc_round_f16({_cast(x, torch.float32)})", **where), dtype)
-        if x.dtype == dtype:
-            return x
+        if dtype in (torch.bfloat16, torch.float16):
+            rounding = "mc_round_bf16" if dtype == torch.bfloat16 else "mc_round_f16"
+            return self._tmp(torch.float32, f"{rounding}({_cast(x, torch.float32)})", step)
         if x.dtype.is_floating_point and dtype in (torch.int32, torch.int64):
-            return self._same_every_iteration(self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", **where), x)
-        return self._same_every_iteration(self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", **where), x)
+            return self._tmp(dtype, f"mc_f2i<{CTYPE[dtype]}>({x})", step)
+        return self._tmp(dtype, f"static_cast<{CTYPE[dtype]}>({x})", step)
 
     def pointwise(self, op, *args, dtype):
+        step = next(self.planned)
         operand = args[1].dtype if op == "where" else args[0].dtype
-        if self._hoistable(*args):  # (sin/cos through the library: the row redo would not reach it)
-            expr = template(op, operand).format(*args)
-            return self._same_every_iteration(self._tmp(compute_dtype(dtype), expr, hoist=True), *args)
-        var = self._per_channel(*args)
-        if var is not None:
-            return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), channel=var)
-        # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
-        if (op == "truediv" and args[1].expr in self.invariant and args[1].expr not in self.constants
-                and compute_dtype(dtype).is_floating_point):
+        if step.form == "reciprocal":
             # a per-row divisor (softmax's sum): multiply by its reciprocal, which the compiler
             # hoists out of the loop, as eager's softmax does; vector division is ~10x slower
-            return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))")
-        if op in ("sin", "cos") and self.trig_args is not None and compute_dtype(dtype) == torch.float32:
+            return self._tmp(compute_dtype(dtype), f"({args[0]} * (1 / {args[1]}))", step)
+        if step.form == "inline trig":
             self.trig_args.append(args[0].expr)
-            return self._same_every_iteration(self._tmp(torch.float32, f"mc_{op}_fast({args[0]})"), *args)
-        return self._same_every_iteration(self._tmp(compute_dtype(dtype), template(op, operand).format(*args)), *args)
+            fresh = (f"mc_{op}_fast({args[0]})", torch.float32) not in self.cse
+            value = self._tmp(torch.float32, f"mc_{op}_fast({args[0]})", step)
+            if fresh:
+                self.redo[len(self.lines) - 1] = f"float {value} = std::{op}({args[0]});"
+            return value
+        return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), step)
 
 
 # -- kernels ------------------------------------------------------------------------------
@@ -232,35 +166,35 @@ class CppKernel(KernelRenderer):
         self.inner_parallel = (self.static and k.is_reduction and k.outer_numel == 1
                                and self.work >= config.parallel_threshold
                                and all(_vectorisable(n.data.reduction_type) for n in reductions_of(k.nodes)))
-        # inline sin/cos need a redo of the row when an argument is out of their range, which is
-        # only sound when the loop has no accumulators and writes no buffer it reads. None: the
-        # library's sin/cos; a list: inline ones, whose arguments are collected here (see CppOps)
-        in_place = any(a.read and a.written for a in self.args)
-        self.trig_args = [] if k.outer_ranges and not k.is_reduction and not in_place else None
-        self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
-        # Loop-invariant code motion: a load at a fixed index of a buffer this kernel does not
-        # write (a 0-d tensor: Adam's step, a scale) and everything computed from such loads and
-        # literals runs once, before the loops, not per element: g++ cannot hoist it (any store
-        # may alias the load), and AdamW's bias corrections (two pow, a sqrt, divisions) per
-        # element made its update 10x slower than the memory traffic. Off for a kernel with an
-        # empty loop, where such a load may be of an empty buffer.
-        self.hoisted: list | None = [] if 0 not in (*k.outer_ranges, *k.inner_ranges) else None
-        self.outside: set = set()      # the values computed in ``hoisted``
         self.read_only = {a.name for a in self.args if not a.written}
+        # the plan the scheduler asked for (CppBackend.caps.plan), or made here
+        self.plan: KernelPlan = k.values if isinstance(k.values, KernelPlan) else plan_kernel(self)
+        self.hoisted: list | None = [] if self.plan.hoist else None   # kernel-level statements
+        self.channel = ChannelValues(self.plan.channels) if self.plan.channels else None
+        self.trig_args = [] if self.plan.trig else None   # the inline sin/cos's arguments (CppOps)
+        self.redo: dict = {}   # see CppOps.redo
+        self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
         # Set by CppBackend for a member of a horizontal group (codegen/cpp_groups.py): a static
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
-        # per-channel values of a pointwise kernel over several loops, or None
-        self.channel = ChannelValues.of(k) if self.static and self.hoisted is not None else None
 
-    def _ops(self, known: dict, lines: list, **kwargs) -> CppOps:
-        return CppOps(self.buffers, self.storage, known, lines, self.counter, scratch=self.scratch,
-                      hoisted=self.hoisted, read_only=self.read_only, outside=self.outside, **kwargs)
+    def loop_ops(self, known: dict, lines: list, before_loop: list | None = None, **kwargs) -> CppOps:
+        """The ops handler of a stage: ``lines`` its statements, ``before_loop`` (in a loop stage)
+        those once per outer point before it; ``known`` the values kept in registers."""
+        return CppOps(self.storage, known, lines, self.counter, scratch=self.scratch,
+                      hoisted=self.hoisted, before_loop=before_loop, **kwargs)
+
+    def evaluate(self, ops, node):
+        """``node``'s value, spelled as planned."""
+        ops.planned = iter(self.plan.calls[node.name])
+        value = super().evaluate(ops, node)
+        assert next(ops.planned, None) is None, f"{node.name}: the plan and the body disagree"
+        return value
 
     def render(self) -> str:
         body = ["    " + ln for ln in self._outer()]
-        named = set(re.findall(r"\b\w+\b", "\n".join(body)))
+        named = {sym.name for sym in self.plan.symbols}
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
         params = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}  // {a.describe()}" for a in self.args]
         params += [f"int64_t {s}  // a size, known at call time" for s in self.size_args]
@@ -277,9 +211,8 @@ class CppKernel(KernelRenderer):
         k = self.k
         if k.outer_numel == 0:
             return ["// empty output: nothing to compute"]
-        column = column_var(self)
-        if column is not None:   # a reduction over rows, one result per column (cpp_columns.py)
-            return render_columns(self, column, _nest)
+        if self.plan.column is not None:   # a reduction over rows, one result per column (cpp_columns.py)
+            return render_columns(self, self.plan.column)
         body = self._point_body()
         hoisted = (self.hoisted or []) + (self.channel.block() if self.channel else [])
         dims = list(zip(k.outer_vars, k.outer_ranges))
@@ -302,9 +235,9 @@ class CppKernel(KernelRenderer):
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
             headers.append(hdr)
-        if self.trig_args:
+        if self.plan.inline_trig:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
-        return hoisted + _nest(headers, body)
+        return hoisted + nest(headers, body)
 
     def _threads_pragma(self, clauses: str) -> str:
         """The outer loop's pragma: its own parallel region, or (in a group) a share of the
@@ -328,14 +261,14 @@ class CppKernel(KernelRenderer):
         else:
             headers, lo, hi = headers[:-1], "0", _size(size)
         checks = [f"mc_big |= (std::fabs({a}) > MC_TRIG_MAX);" for a in dict.fromkeys(self.trig_args)]
-        library = [_FAST_TRIG.sub(r"std::\1(", ln) for ln in body]
+        library = [self.redo.get(i, ln) for i, ln in enumerate(body)]
         loop = f"for (int64_t {v.name} = {lo}; {v.name} < {hi}; ++{v.name})"
         row = ["int mc_big = 0;", "#pragma omp simd reduction(|:mc_big)", loop, "{"]
         row += ["    " + ln for ln in body + checks]
         row += ["}", "if (mc_big)  // some |x| beyond MC_TRIG_MAX: the row again, with the library's sin/cos", loop, "{"]
         row += ["    " + ln for ln in library]
         row.append("}")
-        return _nest(headers, row)
+        return nest(headers, row)
 
     def _point_body(self) -> list:
         """Statements for one outer point: the scratch rows, then the stages in order."""
@@ -382,7 +315,7 @@ class CppKernel(KernelRenderer):
 
     # -- the stage walk's hooks (codegen/common.py) --------------------------------------------
     def ops(self, lines: list, known: dict) -> CppOps:
-        return self._ops(known, lines, trig_args=self.trig_args, channel=self.channel)
+        return self.loop_ops(known, lines, trig_args=self.trig_args, channel=self.channel, redo=self.redo)
 
     def emit_stage(self, ops, nodes, accs, known) -> None:
         """A stage's body: each reduction accumulates into its ``accs`` entry; each value is
@@ -411,11 +344,10 @@ class CppKernel(KernelRenderer):
         pre, post = self._accumulators(reds, accs)
         inner_lines, before_loop = [], []
         loop_known = dict(known)
-        ops = self._ops(loop_known, inner_lines, invariant={v.expr for _, v in known.values()},
-                        before_loop=before_loop, loop_vars=set(self.k.inner_vars))
+        ops = self.loop_ops(loop_known, inner_lines, before_loop)
         lanes = partials(self, reds, accs)   # a blocked float32 sum adds into a partial (cpp_sums.py)
         self.emit_stage(ops, stage.nodes, lanes, loop_known)
-        post += self._reduction_results(reds, accs, known)
+        post += self.reduction_results(reds, accs, known)
         pre += before_loop
         if self.inner_parallel:
             return pre + self._parallel_inner(reds, accs, inner_lines) + post
@@ -426,7 +358,7 @@ class CppKernel(KernelRenderer):
         simd = all(_vectorisable(n.data.reduction_type) for n in reds)
         pragma = [f"#pragma omp simd {_simd_clauses(reds, lanes)}".rstrip()] if simd else []
         block, inner = blocked_loop(v.name, _size(size), size, pragma, inner_lines, blocked_names(accs, lanes))
-        return pre + _nest(headers + ([block] if block else []), inner) + post
+        return pre + nest(headers + ([block] if block else []), inner) + post
 
     # -- reductions -----------------------------------------------------------------------------
     def _accumulators(self, reds, accs) -> tuple[list, list]:
@@ -462,7 +394,7 @@ class CppKernel(KernelRenderer):
         else:
             lines.append(f"{acc} = {self.combine(kind).format(acc, _cast(v, dt))};")
 
-    def _reduction_results(self, reds, accs, known) -> list:
+    def reduction_results(self, reds, accs, known) -> list:
         """After the loop: each reduction's result becomes a per-row value (and a store)."""
         post = []
         for n in reds:
@@ -539,23 +471,13 @@ def _store_cast(value: CV, dtype: torch.dtype) -> str:
     return _cast(value, dtype)
 
 
-def _nest(headers: list, body: list) -> list:
-    """Nested loops: ``headers[d]`` holds loop d's pragma and for-line."""
-    out = []
-    for d, hdr in enumerate(headers):
-        out += ["    " * d + h for h in hdr] + ["    " * d + "{"]
-    out += ["    " * len(headers) + b for b in body]
-    for d in reversed(range(len(headers))):
-        out.append("    " * d + "}")
-    return out
-
-
 class CppBackend:
     """C++ on the CPU: every kernel of a graph in one translation unit, called through ctypes."""
     name = "cpp"
     # The wrapper passes ``t.data_ptr()``; a per-row value read by a later loop is kept in a
     # row-sized array.
-    caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True)
+    caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True,
+                       plan=lambda *kernel_and_graph: CppKernel(*kernel_and_graph).plan)
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal

@@ -4,12 +4,12 @@ A kernel over NHWC data (or any row-major array) whose innermost loop runs over 
 over NCHW data whose middle loop does, often computes, per element, values that depend on the
 channel alone: inference BatchNorm's
 ``weight / sqrt(running_var + eps)`` and ``bias - mean * scale``. g++ cannot move them out of
-the loops (the loads they start from may alias the kernel's stores). CppOps (codegen/cpp.py)
-puts each such value, with the loads and hoisted values it is computed from, into an array
+the loops (the loads they start from may alias the kernel's stores). The kernel's plan
+(codegen/cpp_plan.py) gives such values the channel level, and CppOps (codegen/cpp.py) puts each, with the loads and hoisted values it is computed from, into an array
 that one loop over the channels fills before the kernel's loops; the loop body then reads
 ``tmp3_c[x2]``. The values and their order of operations are those of the loop they replace.
 
-    channel = ChannelValues.of(kernel)       # CppKernel: its loops worth it, or None
+    channel = ChannelValues(channel_sizes(kernel))   # when that is not empty
     expr = channel.add(x2, "tmp3", "float", "(1 / std::sqrt(tmp2_c[x2]))")   # -> "tmp3_c[x2]"
     lines = hoisted + channel.block() + loops
 """
@@ -34,27 +34,12 @@ class ChannelValues:
     sizes: dict                 # loop variable (an ir.expr Var) -> its range, for each that may have arrays
     decls: dict = field(default_factory=dict)   # variable -> array declarations
     lines: dict = field(default_factory=dict)   # variable -> the statements of its filling loop
-    values: dict = field(default_factory=dict)  # expression of a value known per channel -> its variable
-
-    @classmethod
-    def of(cls, kernel) -> ChannelValues | None:
-        """For a pointwise FusedKernel of static sizes over several loops: each loop variable whose
-        range is short enough for stack arrays while the other loops run at least
-        CHANNEL_MIN_REPEATS times over it; None when there is none."""
-        ranges = kernel.outer_ranges
-        if kernel.is_reduction or len(ranges) < 2:
-            return None
-        sizes = {v: int(r) for v, r in zip(kernel.outer_vars, ranges)
-                 if 1 < r <= CHANNEL_MAX and kernel.outer_numel >= CHANNEL_MIN_REPEATS * r}
-        return cls(sizes) if sizes else None
 
     def add(self, var, name: str, ctype: str, expr: str) -> str:
         """A new value ``name`` = ``expr`` per value of ``var``; how the loops read it."""
         self.decls.setdefault(var, []).append(f"{ctype} {name}_c[{self.sizes[var]}];")
         self.lines.setdefault(var, []).append(f"{name}_c[{var.name}] = {expr};")
-        read = f"{name}_c[{var.name}]"
-        self.values[read] = var
-        return read
+        return f"{name}_c[{var.name}]"
 
     def block(self) -> list:
         """The arrays and the loops that fill them (nothing when no value was computed here)."""
@@ -63,3 +48,14 @@ class ChannelValues:
             out += self.decls[var] + [f"for (int64_t {var.name} = 0; {var.name} < {self.sizes[var]}; ++{var.name})", "{"]
             out += ["    " + ln for ln in lines] + ["}"]
         return out
+
+
+def channel_sizes(kernel) -> dict:
+    """For a pointwise FusedKernel of static sizes over several loops: each loop variable whose
+    range is short enough for stack arrays while the other loops run at least
+    CHANNEL_MIN_REPEATS times over it -> that range."""
+    ranges = kernel.outer_ranges
+    if kernel.is_reduction or len(ranges) < 2:
+        return {}
+    return {v: int(r) for v, r in zip(kernel.outer_vars, ranges)
+            if 1 < r <= CHANNEL_MAX and kernel.outer_numel >= CHANNEL_MIN_REPEATS * r}

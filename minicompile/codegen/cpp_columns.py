@@ -13,11 +13,12 @@ still visited once, so in-loop pointwise members stay correct, and each column s
 its rows in order, as the loop it replaces did.
 
     column = column_var(kernel)                 # the outer Var to vectorise across, or None
-    lines = render_columns(kernel, column, nest)
+    lines = render_columns(kernel, column)
 """
 from __future__ import annotations
 
 from minicompile.codegen.common import reductions_of
+from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE
 from minicompile.codegen.cpp_sums import COLUMN_BLOCK_ROWS, blocked_names, partials
 from minicompile.config import config
@@ -50,9 +51,8 @@ def column_var(ck):
     return x if any(sx == 1 and abs(sr) > 1 for sx, sr in strides) else None
 
 
-def render_columns(ck, x, nest) -> list:
-    """The kernel body: blocks of columns on threads, rows in order, columns in SIMD lanes.
-    ``nest(headers, body)`` is cpp.py's loop nester."""
+def render_columns(ck, x) -> list:
+    """The kernel body: blocks of columns on threads, rows in order, columns in SIMD lanes."""
     k = ck.k
     stage = k.stages[0]
     reds = reductions_of(stage.nodes)
@@ -65,7 +65,7 @@ def render_columns(ck, x, nest) -> list:
     lanes = {name: (f"{acc}{lane}", dt) for name, (acc, dt) in accs.items()}
     adds = partials(ck, reds, accs, lane)   # a blocked float32 sum adds into a partial (cpp_sums.py)
     body, per_row, known = [], [], {}
-    ops = ck._ops(known, body, invariant=set(), before_loop=per_row, loop_vars={x})
+    ops = ck.loop_ops(known, body, per_row)
     ck.emit_stage(ops, stage.nodes, adds, known)
     init = [f"{lanes[n.name][0]} = {ck.identity(n.data.reduction_type, lanes[n.name][1])};" for n in reds]
     rows = [[f"for (int64_t {v.name} = 0; {v.name} < {size}; ++{v.name})"] for v, size in zip(k.inner_vars, k.inner_ranges)]
@@ -82,7 +82,7 @@ def render_columns(ck, x, nest) -> list:
                     + nest([columns], [f"{t} += {p};" for t, p in pairs]))
     out += nest([columns], init) + nest(rows, row_loop)
     known = {}
-    post = ck._reduction_results(reds, lanes, known)
+    post = ck.reduction_results(reds, lanes, known)
     for st in k.stages[1:]:   # per column, after its reduction (a mean's division)
         ck.scalar_stage(st, post, known)
     out += nest([columns], post)

@@ -7,6 +7,7 @@ It lives here, below codegen/, so the scheduler can take it without importing a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -15,3 +16,6 @@ class BackendCaps:
     pass_pointers: bool   # kernels take raw data pointers (the wrapper passes t.data_ptr()), not tensors
     split_loops: bool = False  # loops split where indices divide them (nested loops gain unit-stride
     #                            inner loops; a flat Triton index would unravel them again for nothing)
+    # (kernel, buffers by name, storage of mutations, sources) -> the plan of where each of its
+    # values is computed (codegen/cpp_plan.py), kept on the kernel and printed with the schedule
+    plan: Callable | None = None

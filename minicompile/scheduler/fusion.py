@@ -58,6 +58,7 @@ class Schedule:
             if isinstance(s, FusedKernel):
                 kind = "reduction" if s.is_reduction else "pointwise"
                 lines.append(f"{s.name}: {kind} kernel, outer {list(s.outer_ranges)} inner {list(s.inner_ranges)}")
+                lines += [f"    {line}" for line in str(s.values or "").splitlines()]
                 for n in s.nodes:
                     where = "local" if n.name in s.local else "row scratch" if n.name in s.scratch else "stored"
                     lines.append(f"    {n.name} ({s.level[n.name]}, {where}) <- FX {', '.join(n.origins)}")
@@ -214,13 +215,15 @@ def _fuse(buffers: list, reads: dict, deps: dict) -> tuple[list, dict, dict]:
 
 def _steps(order: list, graph: LoopGraph, reads: dict, deps: dict, caps: BackendCaps) -> list:
     """The groups in run order as steps: an extern call, or a kernel named, its loops split where
-    the backend can, in stages, with the values only it reads kept local (or in row scratch)."""
+    the backend can, in stages, with the values only it reads kept local (or in row scratch), and
+    the backend's plan of its values (BackendCaps.plan)."""
     output_names = {o.buffer.name for o in graph.outputs if isinstance(o, StorageView)}
     readers_of = {}
     for b in graph.buffers:
         for r in reads[b.name]:
             readers_of.setdefault(r, []).append(b.name)
     steps, externs = [], 0
+    by_name, mutations = (graph.by_name, graph.mutations) if caps.plan else ({}, {})
     for g in order:
         if g.is_extern:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
@@ -230,6 +233,7 @@ def _steps(order: list, graph: LoopGraph, reads: dict, deps: dict, caps: Backend
         kernel.name = _kernel_name(len(steps) - externs, g.nodes)
         _build_stages(kernel, deps)
         _mark_locals(kernel, readers_of, output_names, caps.row_scratch)
+        kernel.values = caps.plan(kernel, by_name, mutations, graph.sources) if caps.plan else None
         steps.append(kernel)
     return steps
 

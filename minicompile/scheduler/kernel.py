@@ -79,6 +79,7 @@ class FusedKernel:
     scratch: set = field(default_factory=set)    # per-row values kept in a row-sized scratch array
     level: dict = field(default_factory=dict)    # name -> "outer" | "inner" | "reduction"
     direct: bool = False                         # members index with the loop variables (symbolic sizes)
+    values: object = None                        # the backend's plan of its values (BackendCaps.plan)
 
     def __post_init__(self):
         self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]

@@ -1,0 +1,218 @@
+"""The C++ kernel plan: where each value of a kernel is computed, decided before C++ is spelled.
+
+LevelOps, an ``ops`` handler (ir/ops.py), runs the kernel's bodies in the stage walk the emitter
+will follow, over levels instead of text. A value's level: ``kernel``, once before the loops (a
+load at a fixed index of a buffer the kernel does not write, and what is computed from such
+loads and literals: AdamW's bias corrections; g++ cannot hoist them, as any store may alias the
+load); ``channel``, an array per index of one loop variable (cpp_channels.py); ``row``, once per
+outer point before a loop (a read-only load whose index misses the loop's variables: left in
+the loop, it keeps g++ from vectorising it); ``element``, where used. Two spellings are chosen
+too: a division by a value known before the loop as a multiplication by its reciprocal, and
+inline sin/cos with a redo of the row through the library when an argument is out of range.
+The plan keeps per node one Planned per ops call, in call order; CppOps (codegen/cpp.py) takes
+them in that order and only spells. ``str(plan)`` is printed with the schedule.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from minicompile.codegen.common import KernelRenderer
+from minicompile.codegen.cpp_channels import channel_sizes
+from minicompile.codegen.cpp_columns import column_var
+from minicompile.codegen.cpp_ops import literal
+from minicompile.ir.expr import atoms_of, symbols_of
+from minicompile.ir.nodes import Reduction
+from minicompile.ir.ops import compute_dtype
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_HALF = (torch.bfloat16, torch.float16)
+
+
+@dataclass(eq=False)
+class Planned:
+    """One ops call's result. level: kernel, channel (of loop variable ``var``), row, element; or
+    same (the call returns its operand), known (kept in registers), literal. form: "",
+    reciprocal, inline trig. ``key`` names the value as its C++ text would (a literal by its
+    text: two equal literals are one value)."""
+    what: str
+    level: str
+    var: object = None
+    form: str = ""
+    dtype: torch.dtype | None = None
+    key: object = None
+
+    def __str__(self):
+        return f"{self.what} as {self.form}" if self.form else f"{self.what} at {self.level} {getattr(self.var, 'name', '')}"
+
+
+@dataclass
+class KernelPlan:
+    """The plan of one C++ kernel: its loop form and, per node, its Planned ops calls."""
+    form: str                  # "columns over x1" | "one row on threads" | "loops"
+    hoist: bool                # kernel-level values allowed (no empty loop)
+    channels: dict             # loop variable -> range, for each that may have per-channel arrays
+    trig: bool                 # inline sin/cos allowed (a pointwise map, no in-place write)
+    column: object = None      # the column form's variable (cpp_columns.py), or None
+    calls: dict = field(default_factory=dict)   # node name -> [Planned], in call order
+    symbols: set = field(default_factory=set)   # the size symbols its loops and indices name
+
+    @property
+    def inline_trig(self) -> bool:
+        return any(p.form == "inline trig" for ps in self.calls.values() for p in ps)
+
+    def __str__(self) -> str:
+        form = self.form + (", inline sin/cos with a row redo" if self.inline_trig else "")
+        lines = [f"plan: {form}"]
+        for name, ps in self.calls.items():
+            shown = [str(p).rstrip() for p in ps if p.level in ("kernel", "channel", "row") or p.form]
+            lines += [f"{name}: {', '.join(dict.fromkeys(shown))}"] if shown else []
+        return "\n".join(lines)
+
+
+class LevelOps:
+    """Runs bodies over levels, one per stage as CppOps. ``known``: values kept in registers; in
+    a loop stage, ``loop_vars`` its variables and ``invariant`` the values known before it."""
+
+    def __init__(self, plan: KernelPlan, ck, known: dict, loop_vars=None, invariant=()):
+        self.plan, self.ck, self.known, self.loop_vars = plan, ck, known, loop_vars
+        self.invariant = {v.key for v in invariant}
+        self.constants, self.literals, self.exact = set(), set(), {}
+        self.steps: list = []
+        self.keys = itertools.count()
+
+    def _new(self, dtype, level, var=None, *, what, form="", key=None) -> Planned:
+        self.steps.append(value := Planned(what, level, var, form, dtype, key or ("v", next(self.keys))))
+        return value
+
+    def _where(self, *args) -> tuple:
+        """A value from values of one channel and kernel-level ones and literals is per channel;
+        from kernel-level ones and literals (at least one of the first), kernel-level."""
+        outside = all(a.level in ("channel", "kernel") or a.key in self.literals for a in args)
+        found = {a.var for a in args if a.level == "channel"}
+        if outside and len(found) == 1:
+            return "channel", found.pop()
+        kernel = self.plan.hoist and outside and not found and any(a.level == "kernel" for a in args)
+        return ("kernel" if kernel else "element"), None
+
+    def _same_every_iteration(self, result: Planned, *args) -> Planned:
+        if all(a.key in self.invariant for a in args):
+            self.invariant.add(result.key)
+            if all(a.key in self.constants for a in args):
+                self.constants.add(result.key)
+        return result
+
+    def load(self, name, index, dtype):
+        if name in self.known:
+            self.steps.append(Planned(f"load {name}", "known"))
+            return self.known[name]
+        what, ct = f"load {name}", compute_dtype(dtype)
+        if name in self.ck.k.scratch:
+            return self._new(ct, "element", what=what)
+        ptr = self.ck.pointer(name)
+        self.plan.symbols |= symbols_of(index)
+        read_only, atoms = ptr in self.ck.read_only, atoms_of(index)
+        if self.plan.hoist and read_only and not atoms:
+            value = self._new(ct, "kernel", what=what)
+        elif dtype in _FLOATS and read_only and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
+            # read where used, named by its text: two such loads are one value
+            value = self._new(ct, "channel", next(iter(atoms)), what=what, key=("raw", ptr, index))
+        elif self.loop_vars is not None and read_only and not atoms & self.loop_vars:
+            value = self._new(ct, "row", what=what)
+        else:
+            value = self._new(ct, "element", what=what)
+        return self._exact(value, dtype)
+
+    def _exact(self, value: Planned, dtype) -> Planned:
+        if dtype in _HALF:
+            self.exact[value.key] = dtype
+        return value
+
+    def constant(self, value, dtype):
+        v = self._new(compute_dtype(dtype), "literal", what="constant", key=literal(value, compute_dtype(dtype)))
+        for known_as in (self.invariant, self.constants, self.literals):
+            known_as.add(v.key)
+        return v
+
+    def index_expr(self, expr, dtype):
+        self.plan.symbols |= symbols_of(expr)
+        return self._new(dtype, "element", what="index")
+
+    def to_dtype(self, x, dtype):
+        level, var = self._where(x)
+        what = f"to {str(dtype).replace('torch.', '')}"
+        if (dtype in _HALF and self.exact.get(x.key) == dtype) or (dtype not in _HALF and x.dtype == dtype):
+            self.steps.append(Planned(what, "same"))
+            return x
+        if dtype in _HALF:
+            return self._exact(self._new(torch.float32, level, var, what=what), dtype)
+        return self._same_every_iteration(self._new(dtype, level, var, what=what), x)
+
+    def pointwise(self, op, *args, dtype):
+        ct = compute_dtype(dtype)
+        level, var = self._where(*args)
+        if level == "kernel":
+            return self._same_every_iteration(self._new(ct, level, what=op), *args)
+        if level == "channel":
+            return self._new(ct, level, var, what=op)
+        # (not for a compile-time constant: x * (1/3) is not x / 3, and eager divides there)
+        if (op == "truediv" and args[1].key in self.invariant and args[1].key not in self.constants
+                and ct.is_floating_point):
+            return self._new(ct, "element", what=op, form="reciprocal")
+        if op in ("sin", "cos") and self.plan.trig and ct == torch.float32:
+            return self._same_every_iteration(self._new(ct, "element", what=op, form="inline trig"), *args)
+        return self._same_every_iteration(self._new(ct, "element", what=op), *args)
+
+
+def plan_kernel(ck) -> KernelPlan:
+    """Walk ``ck``'s (a CppKernel's) stages as it will render them, over levels.
+
+    Kernel-level values need a loop that runs (in an empty one, a load at a fixed index may be of
+    an empty buffer); per-channel arrays, static sizes (cpp_channels.py); inline sin/cos, a
+    pointwise map that writes no buffer it reads, as the row's redo rewrites every element."""
+    k, column = ck.k, column_var(ck)
+    form = (f"columns over {column.name}" if column is not None else
+            "one row on threads" if ck.inner_parallel else "loops")
+    hoist = 0 not in (*k.outer_ranges, *k.inner_ranges)
+    in_place = any(a.read and a.written for a in ck.args)
+    plan = KernelPlan(form, hoist, channel_sizes(k) if ck.static and hoist else {},
+                      bool(k.outer_ranges) and not k.is_reduction and not in_place, column)
+    if k.outer_numel == 0:   # nothing to compute, nothing named
+        plan.form = "empty"
+        return plan
+    stored = [k.store_index(n) for n in k.nodes if n.name not in k.local and n.name not in k.scratch]
+    plan.symbols = set().union(*map(symbols_of, (*k.outer_ranges, *k.inner_ranges, *stored)))
+    known: dict = {}
+    for i, stage in enumerate(k.stages):
+        if column is not None and i == 0:
+            _loop(plan, ck, stage, known, {}, {column}, invariant=())
+        elif stage.kind == "scalar":
+            ops = LevelOps(plan, ck, known)
+            for n in stage.nodes:
+                _keep(ck, n, _evaluate(plan, ck, ops, n), known)
+        else:
+            _loop(plan, ck, stage, known, dict(known), set(k.inner_vars), invariant=known.values())
+    return plan
+
+
+def _loop(plan, ck, stage, known: dict, loop_known: dict, loop_vars: set, invariant) -> None:
+    """A loop stage: its values; each local reduction's result is a value per outer point after it."""
+    ops = LevelOps(plan, ck, loop_known, loop_vars, invariant)
+    for n in stage.nodes:
+        value = _evaluate(plan, ck, ops, n)
+        if not isinstance(n.data, Reduction):
+            _keep(ck, n, value, loop_known)
+        elif n.name in ck.k.local:
+            known[n.name] = Planned("result", "row", dtype=compute_dtype(n.dtype), key=("result", n.name))
+
+
+def _keep(ck, n, value, known: dict) -> None:
+    if n.name in ck.k.local or n.name in ck.k.scratch:
+        known[n.name] = value
+
+
+def _evaluate(plan, ck, ops: LevelOps, n):
+    ops.steps = plan.calls.setdefault(n.name, [])
+    return KernelRenderer.evaluate(ck, ops, n)   # (CppKernel.evaluate spells the plan)

@@ -261,3 +261,47 @@ def test_a_cast_to_bfloat16_rounds_once_in_the_kernel():
     compiled = compile_graph(torch.fx.symbolic_trace(lambda x: x.bfloat16()), [x])
     assert compiled.kernel_source.count("mc_round_bf16(") == 1, compiled.kernel_source
     assert torch.equal(compiled(x), x.bfloat16())
+
+
+# -- torch.amp.GradScaler: the scaler's step compiled beside the model ------------------------------
+
+def _scaled_training(model, compile_fn, init_scale: float) -> tuple:
+    """Four float16-autocast AdamW steps through a GradScaler, with the model's forward and the
+    scaler's ``step`` + ``update`` each passed through ``compile_fn``: losses and the final scale."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    forward = compile_fn(model)
+
+    def step(opt, scaler):
+        scaler.step(opt)         # unscales, skips the step where a gradient is inf/nan
+        scaler.update()
+    step = compile_fn(step)
+    losses = []
+    for seed in range(4):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = forward(x).float().square().mean()
+        scaler.scale(loss).backward()
+        step(opt, scaler)
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return torch.stack(losses), scaler.get_scale()
+
+
+@pytest.mark.parametrize("init_scale", [2.0 ** 8, 1e12])   # 1e12: float16 gradients overflow, steps skipped
+def test_grad_scaler_steps_compile_and_match_eager(init_scale, caplog, fresh_dynamo):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    reference = copy.deepcopy(model)
+    rec = Recorder()
+    with caplog.at_level(logging.WARNING, logger="minicompile"):
+        losses, scale = _scaled_training(model, lambda f: torch.compile(f, backend=rec), init_scale)
+    want_losses, want_scale = _scaled_training(reference, lambda f: f, init_scale)
+    assert scale == want_scale                     # the same steps skipped, the same growth
+    assert_matches_eager(losses, want_losses, atol=1e-4, rtol=1e-3)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert_matches_eager(p, q, atol=1e-4, rtol=1e-3)
+    assert "runs eagerly" not in caplog.text, caplog.text
+    assert any(isinstance(g, TrainingGraph) for g in rec.graphs)
+XX
+        assert any(not isinstance(g, TrainingGraph) and hasattr(g, "aten") for g in rec.graphs), rec.graphs

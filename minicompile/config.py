@@ -167,9 +167,9 @@ class Config:
         "(inputs and weights converted, 1x1 convolutions as oneDNN linear, eager's output layout "
         "restored) and in training, forward and backward; 0 keeps NCHW")
     conv_layout: str = knob(
-        "MINICOMPILE_CONV_LAYOUT", "auto", "inference: `auto` keeps a convolution graph channels-last only "
-        "where its convolutions, timed both ways on this machine (weight conversions counted unless "
-        "weights are prepared), run faster so (remembered in the cache); `channels_last` always converts",
+        "MINICOMPILE_CONV_LAYOUT", "auto", "`auto` keeps a convolution graph channels-last only where its convolutions, "
+        "timed both ways on this machine (weight conversions counted unless weights are prepared; training: forward and "
+        "backward, each weight and its gradient converted, cpu/train_layout.py), run faster so; `channels_last` always converts",
         choices=("auto", "channels_last"))
     prepare_weights: bool = knob(
         "MINICOMPILE_PREPARE_WEIGHTS", False, "CPU inference: values computed from parameters and buffers "

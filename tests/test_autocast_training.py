@@ -303,5 +303,5 @@ def test_grad_scaler_steps_compile_and_match_eager(init_scale, caplog, fresh_dyn
         assert_matches_eager(p, q, atol=1e-4, rtol=1e-3)
     assert "runs eagerly" not in caplog.text, caplog.text
     assert any(isinstance(g, TrainingGraph) for g in rec.graphs)
-XX
+    if init_scale < 1e6:   # steps taken: AdamW's update inside scaler.step compiled (Dynamo breaks at its .item())
         assert any(not isinstance(g, TrainingGraph) and hasattr(g, "aten") for g in rec.graphs), rec.graphs

@@ -66,6 +66,9 @@ ALLOWED_FUNCTION_IMPORTS = {
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
     ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/models_more.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/models.py", "minicompile.tools.models_more"):
+        "the wider suite builds on models.py's classes: imported once they exist",
     ("minicompile/tools/train_models.py", "transformers"):
         "optional dependency, the HF models of bench --train --models only",
     ("minicompile/testing/tryout_models.py", "timm"): "optional dependency, the real-model tryout's timm rows only",

@@ -5,7 +5,7 @@
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile bench --train --models [--quick] [--workloads gpt2,resnet18,...] [--autocast bf16] [--json FILE]
-    minicompile bench --models [--workloads resnet18,vit,...] [--profile] [--json FILE]
+    minicompile bench --models [--quick] [--batch N] [--workloads resnet18,vit,...] [--profile] [--json FILE]
     minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
     minicompile config
@@ -70,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time training steps (forward + backward) of the training workloads instead, with "
                             "cold compile times and bytes saved for backward (docs/training.md)")
     bench.add_argument("--models", action="store_true",
-                       help="the real-model suite instead (ResNet, ViT, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT; "
-                            "--workloads picks models; docs/models.md); with --train: HF GPT-2/Llama/BERT, ResNet, ViT, ConvNeXt")
-    bench.add_argument("--no-cold-compile", action="store_true", help="with --train: no cold-compile processes")
+                       help="the real-model suite instead (docs/models.md; --workloads picks: ResNet/ResNeXt/DenseNet, "
+                            "ViT/DeiT/Mixer, ConvNeXt, Swin, EfficientNet, HF GPT-2/BERT/Llama/T5); with --train: HF "
+                            "GPT-2/Llama/BERT, ResNet, ViT, ConvNeXt")
+    bench.add_argument("--no-cold-compile", action="store_true", help="with --train/--models: no cold-compile processes")
+    bench.add_argument("--batch", type=int, help="with --models: the inputs' batch size (default: each model's own)")
     bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --train --models: forwards under CPU autocast")
     bench.add_argument("--dynamic", action="store_true",
                        help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
@@ -121,15 +123,18 @@ def _report(args) -> int:
 
 
 def _bench(args) -> int:
-    if args.autocast and not (args.train and args.models):
-        print("minicompile bench: --autocast is for --train --models", file=sys.stderr)
+    wrong = ("--autocast is for --train --models" if args.autocast and not (args.train and args.models) else
+             "--batch N (N >= 1) is for --models (inference)" if args.batch is not None and
+             (args.train or not args.models or args.batch < 1) else None)
+    if wrong:
+        print(f"minicompile bench: {wrong}", file=sys.stderr)
         return 2
+    size = args.size or ("quick" if args.quick else "full")
     if args.train:
         if args.device != "cpu" or args.plot:
             print("minicompile bench --train: CPU only, no --plot", file=sys.stderr)
             return 2
         from minicompile.tools import bench_train, bench_train_models
-        size = args.size or ("quick" if args.quick else "full")
         names = [w.strip() for w in args.workloads.split(",")] if args.workloads else None
         if args.models:
             return bench_train_models.run_train_models_bench(names, size, bench_train.REPS[size], not args.no_inductor,
@@ -138,14 +143,13 @@ def _bench(args) -> int:
                                            not args.no_inductor, args.json, not args.no_cold_compile)
     if args.dynamic:
         from minicompile.tools import bench_dynamic
-        size = args.size or ("quick" if args.quick else "full")
         names = [w.strip() for w in args.workloads.split(",")] if args.workloads else list(bench_dynamic.WORKLOADS)
         return bench_dynamic.run_dynamic_bench(names, size, bench_dynamic.REPS[size], not args.no_inductor)
     if args.models:
         from minicompile.tools import bench_models
         names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
-        return bench_models.run_models(names, args.size or "full", not args.no_inductor, args.profile, args.json,
-                                       threads=args.threads)
+        return bench_models.run_models(names, size, not args.no_inductor, args.profile, args.json, threads=args.threads,
+                                       batch=args.batch, cold=not args.no_cold_compile)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

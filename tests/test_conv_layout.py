@@ -107,7 +107,8 @@ def test_channels_last_input_is_not_converted_again(fresh_dynamo):
     assert _clones_to_channels_last(graphs[0]) == 1   # the NCHW weight only
 
 
-@pytest.mark.parametrize("name", ["resnet18", "convnext", "efficientnet", "vit", "swin"])
+@pytest.mark.parametrize("name", ["resnet18", "convnext", "efficientnet", "vit", "swin",
+                                  "resnext", "densenet", "deit", "mixer"])
 def test_model_suite_tiny_matches_eager(name, fresh_dynamo):
     model, inputs = MODELS[name].build("tiny")
     with torch.no_grad():

@@ -39,7 +39,7 @@ def replayed(request, monkeypatch):
         yield request.param
 
 
-@pytest.mark.parametrize("name", ["resnet18", "convnext", "vit", "swin", "gpt2"])
+@pytest.mark.parametrize("name", ["resnet18", "convnext", "vit", "swin", "gpt2", "llama", "t5"])
 def test_models_match_eager_under_the_shipped_defaults(name, replayed, fresh_dynamo):
     if MODELS[name].needs and importlib.util.find_spec(MODELS[name].needs) is None:
         pytest.skip(f"needs {MODELS[name].needs}")

@@ -35,7 +35,7 @@ TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
 STAGE_BUDGETS = {"capture": 6078, "aot": 2764, "cpu": 1804, "decomp": 1421, "lowering": 1620, "ir": 1293,
-                 "scheduler": 758, "codegen": 2303, "runtime": 1154, TOP_LEVEL: 1128}
+                 "scheduler": 758, "codegen": 2303, "runtime": 1154, TOP_LEVEL: 1132}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 
@@ -66,6 +66,9 @@ ALLOWED_FUNCTION_IMPORTS = {
     ("minicompile/tools/bench.py", "matplotlib"): "optional dependency, --plot only",
     ("minicompile/tools/bench.py", "matplotlib.pyplot"): "optional dependency, --plot only",
     ("minicompile/tools/models.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/models_more.py", "transformers"): "optional dependency, the HF models of bench --models only",
+    ("minicompile/tools/models.py", "minicompile.tools.models_more"):
+        "the wider suite builds on models.py's classes: imported once they exist",
     ("minicompile/tools/train_models.py", "transformers"):
         "optional dependency, the HF models of bench --train --models only",
     ("minicompile/testing/tryout_models.py", "timm"): "optional dependency, the real-model tryout's timm rows only",

@@ -32,7 +32,7 @@ from minicompile.tools.bench import _render, machine_info, time_interleaved
 from minicompile.tools.bench_worker import max_diff
 from minicompile.tools.models import MODELS
 
-REPS = {"full": 31, "tiny": 3}
+REPS = {"full": 31, "quick": 11, "tiny": 3}
 COLUMNS = ("eager", "minicompile", "inductor")
 
 
@@ -62,10 +62,11 @@ def profile_minicompile(call, calls: int = 3) -> dict:
             "externs_ms": sum(externs.values()) * ms, "top_externs": [(k, v * ms) for k, v in top]}
 
 
-def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool) -> dict:
+def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool, batch: int | None = None) -> dict:
     spec = MODELS[name]
-    model, inputs = spec.build(size)
-    result = {"model": name, "shape": spec.describe if size == "full" else f"{name} ({size})"}
+    model, inputs = spec.build(size, batch)
+    shape = spec.describe if size == "full" else f"{name} ({size})"
+    result = {"model": name, "shape": shape + (f", batch {batch}" if batch else "")}
     with torch.no_grad():
         model(*inputs)
         expected = model(*inputs)
@@ -91,24 +92,24 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool) ->
 
 # ---------------------------------------------------------------- the parent
 
-def run_worker(name, size, reps, inductor, profile, threads=None) -> dict:
-    """The model timed in one process, then each compiler's cold compile in a process of its own."""
+def run_worker(name, size, reps, inductor, profile, threads=None, batch=None, cold=True) -> dict:
+    """The model timed in one process, then (``cold``) each compiler's cold compile in a process of its own."""
     threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
-    result = _timed_worker(name, size, reps, inductor, profile, threads_env)
-    if "error" not in result:
+    result = _timed_worker(name, size, reps, inductor, profile, threads_env, batch)
+    if "error" not in result and cold:
         for col in COLUMNS[1:] if inductor else COLUMNS[1:2]:
             if "error" not in result.get(col, {}):
-                result[col].update(cold_compile.measure("models", name, size, col, **threads_env))
+                result[col].update(cold_compile.measure("models", name, size, col, batch=batch, **threads_env))
     return result
 
 
-def _timed_worker(name, size, reps, inductor, profile, threads_env) -> dict:
+def _timed_worker(name, size, reps, inductor, profile, threads_env, batch=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicompile-models-") as tmp:
         env = cold_env(tmp, **threads_env)
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.bench_models", "--worker", name, "--size", size,
                "--reps", str(reps), "--result", out] + ([] if inductor else ["--no-inductor"]) + \
-              (["--profile"] if profile else [])
+              (["--profile"] if profile else []) + (["--batch", str(batch)] if batch else [])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-10:]
@@ -184,7 +185,8 @@ def available(name: str) -> bool:
 
 
 def run_models(names: list | None, size: str = "full", inductor: bool = True, profile: bool = False,
-               json_path: str | None = None, stream=sys.stdout, threads: int | None = None) -> int:
+               json_path: str | None = None, stream=sys.stdout, threads: int | None = None,
+               batch: int | None = None, cold: bool = True) -> int:
     names = names or [n for n in MODELS if available(n)]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -195,9 +197,9 @@ def run_models(names: list | None, size: str = "full", inductor: bool = True, pr
     results = []
     for n in names:
         print(f"@progress {n}", file=sys.stderr, flush=True)
-        results.append(run_worker(n, size, reps, inductor, profile, threads))
+        results.append(run_worker(n, size, reps, inductor, profile, threads, batch, cold))
         print(format_row(results[-1]), file=sys.stderr, flush=True)
-    info = dict(machine_info(), size=size, reps=reps, torch_threads=threads or torch.get_num_threads())
+    info = dict(machine_info(), size=size, reps=reps, torch_threads=threads or torch.get_num_threads(), batch=batch)
     print(format_table(results, info), end="", file=stream)
     if json_path:
         with open(json_path, "w") as f:
@@ -214,16 +216,20 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="also show where minicompile's time goes")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the workers (default: torch's choice)")
+    p.add_argument("--batch", type=int, help="the inputs' batch size (default: each model's own, 2 or 4)")
+    p.add_argument("--no-cold-compile", action="store_true", help="no cold-compile processes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        result = run_model(args.worker, args.size, args.reps or REPS[args.size], not args.no_inductor, args.profile)
+        result = run_model(args.worker, args.size, args.reps or REPS[args.size], not args.no_inductor, args.profile,
+                           args.batch)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
     names = [n.strip() for n in args.models.split(",")] if args.models else None
-    return run_models(names, args.size, not args.no_inductor, args.profile, args.json, threads=args.threads)
+    return run_models(names, args.size, not args.no_inductor, args.profile, args.json, threads=args.threads,
+                      batch=args.batch, cold=not args.no_cold_compile)
 
 
 if __name__ == "__main__":

@@ -56,14 +56,17 @@ def cold_env(tmp: str, **extra) -> dict:
     return env
 
 
-def measure(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None, **env) -> dict:
+def measure(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
+            batch: int | None = None, **env) -> dict:
     """``{"compile_s", "import_s"}`` of ``compiler``'s cold compile, or ``{"error": ...}``; ``env``:
     more environment variables for the process (``MINICOMPILE_FALLBACK="0"`` to raise on errors);
-    ``autocast`` ("bf16", "fp16"; train_models only): the forward runs under CPU autocast."""
+    ``autocast`` ("bf16", "fp16"; train_models only): the forward runs under CPU autocast;
+    ``batch`` (models only): the inputs' batch size instead of the model's own."""
     with tempfile.TemporaryDirectory(prefix="minicompile-cold-") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.cold_compile", "--kind", kind, "--workload", workload,
-               "--size", size, "--compiler", compiler, "--result", out] + (["--autocast", autocast] if autocast else [])
+               "--size", size, "--compiler", compiler, "--result", out] + (["--autocast", autocast] if autocast else []) + \
+            (["--batch", str(batch)] if batch else [])
         proc = subprocess.run(cmd, env=cold_env(tmp, **env), capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
@@ -102,9 +105,9 @@ def _first_train_model_step(name: str, size: str, autocast: str | None = None):
     return first_call
 
 
-def _first_inference(name: str, size: str):
+def _first_inference(name: str, size: str, batch: int | None = None):
     """A real model's first call under no_grad, as bench_models.run_model makes it."""
-    model, inputs = MODELS[name].build(size)
+    model, inputs = MODELS[name].build(size, batch)
     with torch.no_grad():
         model(*inputs)
 
@@ -117,8 +120,9 @@ def _first_inference(name: str, size: str):
 FIRST_CALL = {"train": _first_train_step, "train_models": _first_train_model_step, "models": _first_inference}
 
 
-def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None) -> dict:
-    first_call = FIRST_CALL[kind](workload, size, *([autocast] if autocast else []))
+def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
+        batch: int | None = None) -> dict:
+    first_call = FIRST_CALL[kind](workload, size, *([autocast] if autocast else []), *([batch] if batch else []))
     backend = "minicompile" if compiler == "minicompile" else "inductor"
     t0 = time.perf_counter()
     torch._dynamo.lookup_backend(backend)   # imports the compiler: Dynamo's registry loads it
@@ -136,8 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--compiler", choices=["inductor", "minicompile"], required=True)
     p.add_argument("--result", required=True)
     p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models: the forward under CPU autocast")
+    p.add_argument("--batch", type=int, help="models: the inputs' batch size")
     args = p.parse_args(argv)
-    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast)
+    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast, args.batch)
     with open(args.result, "w") as f:
         json.dump(result, f)
     return 0

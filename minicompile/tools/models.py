@@ -17,8 +17,10 @@ depth so that one benchmark run stays within minutes on 2 cores:
                   init), 4 x 128 tokens; skipped when transformers is not installed
 
 BatchNorm running statistics are randomised so that folding them is not an identity.
-``MODELS[name].build(size)`` returns ``(model in eval mode, inputs)``; sizes are "full"
-(the benchmark) and "tiny" (the tests).
+``MODELS[name].build(size, batch)`` returns ``(model in eval mode, inputs)``; sizes are "full"
+(the benchmark), "quick" (narrower or shallower, smaller images or sequences, same batch) and
+"tiny" (the tests); ``batch`` replaces the inputs' first size. tools/models_more.py holds the
+wider half of the suite (ResNeXt, DenseNet, DeiT, MLP-Mixer, HF Llama and T5 encoder).
 """
 from __future__ import annotations
 
@@ -332,11 +334,22 @@ class ModelSpec:
     build_full: Callable[[], tuple]
     build_tiny: Callable[[], tuple]
     needs: str | None = None                      # a module that must import (transformers)
+    build_quick: Callable[[], tuple] | None = None
 
-    def build(self, size: str = "full") -> tuple:
+    def build(self, size: str = "full", batch: int | None = None) -> tuple:
         torch.manual_seed(0)
-        model, inputs = (self.build_full if size == "full" else self.build_tiny)()
-        return randomise_batch_norm(model).eval(), inputs
+        make = {"full": self.build_full, "quick": self.build_quick or self.build_tiny, "tiny": self.build_tiny}
+        model, inputs = make[size]()
+        return randomise_batch_norm(model).eval(), rebatch(inputs, batch)
+
+
+def rebatch(inputs: tuple, batch: int | None) -> tuple:
+    """``inputs`` drawn again with ``batch`` as their first size (token ids stay below 1000)."""
+    if batch is None:
+        return inputs
+    g = torch.Generator().manual_seed(2)
+    return tuple(torch.randint(0, 1000, (batch, *x.shape[1:]), generator=g) if not x.is_floating_point()
+                 else torch.randn((batch, *x.shape[1:]), generator=g, dtype=x.dtype) for x in inputs)
 
 
 def _img(b, hw):
@@ -345,18 +358,35 @@ def _img(b, hw):
 
 MODELS = {m.name: m for m in [
     ModelSpec("resnet18", "ResNet-18, 2x3x128x128",
-              lambda: (ResNet18(), _img(2, 128)), lambda: (ResNet18((8, 8, 16, 16), 10), _img(1, 32))),
+              lambda: (ResNet18(), _img(2, 128)), lambda: (ResNet18((8, 8, 16, 16), 10), _img(1, 32)),
+              build_quick=lambda: (ResNet18((32, 64, 128, 256)), _img(2, 64))),
     ModelSpec("vit", "ViT-Tiny/16 (6 blocks), 2x3x224x224",
-              lambda: (ViT(), _img(2, 224)), lambda: (ViT(32, 8, 16, 2, 2, 10), _img(1, 32))),
+              lambda: (ViT(), _img(2, 224)), lambda: (ViT(32, 8, 16, 2, 2, 10), _img(1, 32)),
+              build_quick=lambda: (ViT(112, 16, 96, 3, 3), _img(2, 112))),
     ModelSpec("convnext", "ConvNeXt-Atto, 2x3x128x128",
-              lambda: (ConvNeXt(), _img(2, 128)), lambda: (ConvNeXt((8, 16, 16, 32), (1, 1, 1, 1), 10), _img(1, 32))),
+              lambda: (ConvNeXt(), _img(2, 128)), lambda: (ConvNeXt((8, 16, 16, 32), (1, 1, 1, 1), 10), _img(1, 32)),
+              build_quick=lambda: (ConvNeXt((24, 48, 96, 192), (1, 1, 3, 1)), _img(2, 64))),
     ModelSpec("swin", "Swin (dim 48, 2-2-2 blocks, window 7), 2x3x112x112",
-              lambda: (Swin(), _img(2, 112)), lambda: (Swin(56, 16, (2, 2), (2, 2), 10), _img(1, 56))),
+              lambda: (Swin(), _img(2, 112)), lambda: (Swin(56, 16, (2, 2), (2, 2), 10), _img(1, 56)),
+              build_quick=lambda: (Swin(56, 32, (2, 2), (2, 4)), _img(2, 56))),
     ModelSpec("efficientnet", "EfficientNet-B0, 2x3x128x128",
               lambda: (EfficientNet(), _img(2, 128)),
-              lambda: (EfficientNet([(1, 8, 1, 1, 3), (4, 16, 2, 2, 5)], 10), _img(1, 32))),
+              lambda: (EfficientNet([(1, 8, 1, 1, 3), (4, 16, 2, 2, 5)], 10), _img(1, 32)),
+              build_quick=lambda: (EfficientNet(), _img(2, 64))),
     ModelSpec("gpt2", "HF GPT-2 (4 layers, hidden 256), 4x128 tokens",
-              lambda: _hf("gpt2", 4, 256, 4, 128), lambda: _hf("gpt2", 1, 64, 1, 16), needs="transformers"),
+              lambda: _hf("gpt2", 4, 256, 4, 128), lambda: _hf("gpt2", 1, 64, 1, 16), needs="transformers",
+              build_quick=lambda: _hf("gpt2", 2, 128, 4, 32)),
     ModelSpec("bert", "HF BERT (4 layers, hidden 256), 4x128 tokens",
-              lambda: _hf("bert", 4, 256, 4, 128), lambda: _hf("bert", 1, 64, 1, 16), needs="transformers"),
+              lambda: _hf("bert", 4, 256, 4, 128), lambda: _hf("bert", 1, 64, 1, 16), needs="transformers",
+              build_quick=lambda: _hf("bert", 2, 128, 4, 32)),
 ]}
+
+
+def _wider_suite():
+    from minicompile.tools.models_more import MORE   # it builds on the classes above
+    for name, (describe, make) in MORE.items():
+        MODELS[name] = ModelSpec(name, describe, make["full"], make["tiny"], build_quick=make["quick"],
+                                 needs="transformers" if name in ("llama", "t5") else None)
+
+
+_wider_suite()

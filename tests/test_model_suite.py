@@ -1,0 +1,57 @@
+"""The model suite's sizes and batch option (tools/models.py, tools/models_more.py); whether each model
+compiles and matches eager is checked at its tiny size in tests/test_conv_layout.py (vision) and
+tests/test_shipped_defaults.py (Hugging Face), and at batch 16 here for the wider half."""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from minicompile.cli import main
+from minicompile.tools.models import MODELS
+from tests.helpers import assert_matches_eager, compile_with_dynamo
+
+WIDER = ["resnext", "densenet", "deit", "mixer", "llama", "t5"]
+
+
+def _needs(name):
+    if MODELS[name].needs and importlib.util.find_spec(MODELS[name].needs) is None:
+        pytest.skip(f"needs {MODELS[name].needs}")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_size_builds_and_batch_replaces_the_first_size(name):
+    _needs(name)
+    shapes = {size: [tuple(x.shape) for x in MODELS[name].build(size)[1]] for size in ("full", "quick", "tiny")}
+    assert shapes["quick"] != shapes["full"]   # quick: smaller images or sequences
+    for batch in (1, 16):
+        _, inputs = MODELS[name].build("tiny", batch)
+        assert [tuple(x.shape) for x in inputs] == [(batch, *s[1:]) for s in shapes["tiny"]]
+
+
+@pytest.mark.parametrize("name", WIDER)
+def test_wider_suite_matches_eager_at_batch_16(name, fresh_dynamo):
+    _needs(name)
+    model, inputs = MODELS[name].build("tiny", 16)
+    with torch.no_grad():
+        ref = model(*inputs)
+    out, graphs = compile_with_dynamo(model, *inputs)
+    assert_matches_eager(out, ref, atol=1e-4, rtol=1e-4)
+    assert len(graphs) == 1 and hasattr(graphs[0], "aten")   # one compiled graph, no fallback
+
+
+def test_batch_is_for_models_inference_only(capsys):
+    assert main(["bench", "--batch", "2"]) == 2
+    assert main(["bench", "--models", "--train", "--batch", "2"]) == 2
+    assert "--batch N (N >= 1) is for --models" in capsys.readouterr().err
+
+
+def test_bench_models_batch_reaches_the_worker(tmp_path):
+    from tests.test_cli import run_cli
+    out = tmp_path / "models.json"
+    proc = run_cli("bench", "--models", "--workloads", "mixer", "--size", "tiny", "--batch", "3", "--no-inductor",
+                   "--no-cold-compile", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())["results"][0]
+    assert result["shape"] == "mixer (tiny), batch 3" and result["minicompile"]["max_abs_diff"] < 1e-4
+    assert "compile_s" not in result["minicompile"]   # no cold-compile process

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
-from minicompile.aot.global_state import kept_global_state
+from minicompile.aot.global_state import autocast_nesting, kept_global_state
 from minicompile.aot.joint import trace_joint
 from minicompile.aot.passes import trace_inference
 from minicompile.aot.runtime import TrainingGraph
@@ -196,6 +196,16 @@ def test_a_failed_compile_leaves_the_autocast_state_as_it_found_it():
             raise RuntimeError("a trace that failed")
     assert not torch.is_autocast_enabled("cpu")
     assert torch.get_autocast_dtype("cpu") == dtype and torch.is_autocast_cache_enabled() == cache
+    assert autocast_nesting() == 0
+    # eager autocast afterwards casts a weight again after an update (its cache was cleared)
+    lin, x = nn.Linear(4, 4), torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(x)
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = lin(x)
+    assert_matches_eager(got.float(), lin(x), atol=0.1, rtol=0.02)
 
 
 # -- bfloat16/float16 products on the CPU: the library's kernel, or float32 on converted operands ----

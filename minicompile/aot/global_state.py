@@ -5,7 +5,10 @@ stack, the default dtype and autocast, and checks those guards right after the b
 returns ("Guard failed on the same frame it was created ... compare_functorch_state"). A trace that fails half way (make_fx under
 torch.func.functionalize, with a transform the graph itself entered) can leave a functorch
 layer pushed; with the eager fallback that would turn a recorded fallback into an error, or
-change what the user's next eager op does. ``kept_global_state`` restores them all.
+change what the user's next eager op does. ``kept_global_state`` restores them all, autocast's
+nesting level too: a trace stopped inside an autocast region leaves the level raised, and eager
+autocast then never clears its cache of cast weights at the end of a region, so each later
+region reuses the weights as cast before the optimizer's updates (silently wrong training).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ def kept_global_state():
     default_dtype = torch.get_default_dtype()
     autocast = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
     autocast_cache = torch.is_autocast_cache_enabled()
+    nesting = autocast_nesting()
     try:
         yield
     finally:
@@ -37,3 +41,23 @@ def kept_global_state():
             torch.set_autocast_enabled(device, enabled)
             torch.set_autocast_dtype(device, dtype)
         torch.set_autocast_cache_enabled(autocast_cache)
+        _restore_autocast_nesting(nesting)
+
+
+def autocast_nesting() -> int:
+    """How many autocast regions are open (torch keeps the count; it has no getter)."""
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return level
+
+
+def _restore_autocast_nesting(nesting: int) -> None:
+    level = autocast_nesting()
+    if level == nesting:
+        return
+    while level > nesting:
+        level = torch.autocast_decrement_nesting()
+    while level < nesting:
+        level = torch.autocast_increment_nesting()
+    if level == 0:
+        torch.clear_autocast_cache()     # as leaving the outermost region does

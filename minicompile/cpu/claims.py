@@ -53,12 +53,12 @@ def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
     """MKL's mm or oneDNN's linear for ``mat1 @ mat2``, and why; None where oneDNN cannot run it.
     A measured choice is recorded for the ATen graph's header. ``measure=False`` only looks the
     timing up (a choice this process made): the reason lowering prints."""
-    mode, pinned = _pinned("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")
-    if not _onednn_can_run(mat1, mat2):
+    mode, pinned = pinned_mode("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")
+    if not onednn_can_run(mat1, mat2):
         return None
     if pinned:
         return Decision(mode, pinned)
-    m, k, n = (_hint(s) for s in (*mat1.shape, mat2.shape[1]))
+    m, k, n = (size_hint(s) for s in (*mat1.shape, mat2.shape[1]))
     layouts = (_layout(mat1), _layout(mat2))
     key, candidates = _gemm_candidates(m, k, n, *layouts)
     what = f"mm {m}x{k}x{n} ({layouts[0]} @ {layouts[1]})"
@@ -75,7 +75,7 @@ def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
     return decision
 
 
-def _pinned(knob: str, env: str, eager: str) -> tuple[str, str]:
+def pinned_mode(knob: str, env: str, eager: str) -> tuple[str, str]:
     """(a library knob's value (config checked it), the setting that pins it, or "" for "auto"):
     ``eager``, eager's own library, when cpu_libraries is "eager"."""
     if config.cpu_libraries == "eager":
@@ -84,10 +84,10 @@ def _pinned(knob: str, env: str, eager: str) -> tuple[str, str]:
     return mode, "" if mode == "auto" else f"{env}={mode}"
 
 
-def _onednn_can_run(mat1, mat2) -> bool:
+def onednn_can_run(mat1, mat2) -> bool:
     """CPU float32 matrices of known strides, none of them broadcast (a zero stride)."""
     if not (mat1.device.type == "cpu" and mat1.dtype == mat2.dtype == torch.float32
-            and mat1.dim() == mat2.dim() == 2 and _onednn_available()):
+            and mat1.dim() == mat2.dim() == 2 and onednn_available()):
         return False
     if not _hinted(mat1, mat2):  # a data-dependent size, which may be 0: aten.mm takes any
         return False
@@ -95,7 +95,7 @@ def _onednn_can_run(mat1, mat2) -> bool:
         strides = t.stride()
         if not all(isinstance(s, int) for s in strides):
             return False
-        if any(s == 0 and _hint(n) > 1 for s, n in zip(strides, t.shape)) or any(_hint(n) == 0 for n in t.shape):
+        if any(s == 0 and size_hint(n) > 1 for s, n in zip(strides, t.shape)) or any(size_hint(n) == 0 for n in t.shape):
             return False
     return True
 
@@ -106,7 +106,7 @@ def _hinted(*tensors) -> bool:
     return all(isinstance(n, int) or n.node.has_hint() for t in tensors if t is not None for n in t.shape)
 
 
-def _hint(size) -> int:
+def size_hint(size) -> int:
     """A size's value in the example the graph was traced with (a symbol's hint), guard-free."""
     return size if isinstance(size, int) else size.node.hint
 
@@ -137,7 +137,7 @@ _GEMM_RULE = f"mkl kept unless onednn is {ONEDNN_MARGIN:.0%} faster"
 
 
 @functools.lru_cache(maxsize=None)
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -173,7 +173,7 @@ def narrow_gemm_decision(a, b, op: str = "mm") -> Decision | None:
     ``config.cpu_narrow_gemm``; recorded for the ATen graph's header."""
     if not (a.device.type == "cpu" and a.dtype == b.dtype and a.dtype in NARROW_FLAGS):
         return None
-    mode, pinned = _pinned("cpu_narrow_gemm", "MINICOMPILE_CPU_NARROW_GEMM", eager="library")
+    mode, pinned = pinned_mode("cpu_narrow_gemm", "MINICOMPILE_CPU_NARROW_GEMM", eager="library")
     if pinned:
         return Decision(mode, pinned)
     dtype = str(a.dtype).split(".")[-1]
@@ -248,7 +248,7 @@ def attention_decision(query, key, value, attn_mask=None, is_causal=False, scale
                        measure: bool = True) -> Decision | None:
     """Eager's flash kernel or our math form for this attention, and why (as ``gemm_decision``;
     None where ``measure=False`` finds no timing)."""
-    mode, pinned = _pinned("cpu_attention", "MINICOMPILE_CPU_ATTENTION", eager="flash")
+    mode, pinned = pinned_mode("cpu_attention", "MINICOMPILE_CPU_ATTENTION", eager="flash")
     if pinned:
         return Decision(mode, pinned)
     if not _hinted(query, key, value, attn_mask):
@@ -278,7 +278,7 @@ _FLASH_RULE = f"flash kept unless math is {FLASH_MARGIN:.0%} faster"
 def _attention_candidates(query, key, value, attn_mask, is_causal, scale) -> tuple[str, dict, str]:
     """(the cache key, the two forms to time, what they compute)."""
     tensors = [t for t in (query, key, value, attn_mask) if t is not None]
-    shapes = ["x".join(str(_hint(n)) for n in t.shape) + "/" + ",".join(str(_hint(s)) for s in t.stride())
+    shapes = ["x".join(str(size_hint(n)) for n in t.shape) + "/" + ",".join(str(size_hint(s)) for s in t.stride())
               for t in tensors]
     key_ = cache.digest("attention", torch.__version__, cpu_name(), str(torch.get_num_threads()), str(query.dtype),
                         *shapes, f"mask={attn_mask is not None}", f"causal={is_causal}",
@@ -305,7 +305,7 @@ def _random_as(t) -> torch.Tensor:
     """Random values laid out as ``t`` (its dtype, its strides at the size hints), as a view of the
     storage it reads: a stride may be 0 (HF's repeat_kv expands one key/value head over the query
     heads; masks are expanded), and such a tensor cannot be filled in place."""
-    size, stride = [_hint(n) for n in t.shape], [_hint(s) for s in t.stride()]
+    size, stride = [size_hint(n) for n in t.shape], [size_hint(s) for s in t.stride()]
     extent = 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
     storage = torch.rand(extent) < 0.9 if t.dtype == torch.bool else torch.randn(extent).to(t.dtype)
     return storage.as_strided(size, stride)
@@ -352,7 +352,7 @@ def _extern_reason(node) -> str | None:
         return ("eager's fused CPU attention streams the scores through cache: "
                 + _why(decision, "measured faster than the math form for this shape on this machine",
                        "MINICOMPILE_CPU_ATTENTION=math decomposes it"))
-    if _onednn_available() and node.target is torch.ops.mkldnn._linear_pointwise.default:
+    if onednn_available() and node.target is torch.ops.mkldnn._linear_pointwise.default:
         post = f" with {node.args[3]} as its post-op" if len(node.args) > 3 and node.args[3] != "none" else ""
         decision = (gemm_decision(vals[0], vals[1].t(), measure=False)
                     if _all_tensors(vals[:2]) and vals[0].dim() == vals[1].dim() == 2 else None)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from minicompile.config import config
-from minicompile.cpu.claims import ONEDNN_MARGIN, _hint, _onednn_available, _onednn_can_run, _pinned
+from minicompile.cpu.claims import ONEDNN_MARGIN, onednn_available, onednn_can_run, pinned_mode, size_hint
 from minicompile.cpu.prepare import Emitter
 from minicompile.cpu.timing import Decision, choose, cpu_name, real_tensors, record, recorded_times
 from minicompile.decomp import activations
@@ -72,8 +72,8 @@ class Match:
 
 def fuse_epilogues(gm: torch.fx.GraphModule, ctx) -> int:
     """The ATen pass: each epilogue that measured (or is pinned) faster fused; returns how many."""
-    mode, pinned = _pinned("cpu_epilogue", "MINICOMPILE_CPU_EPILOGUE", eager="separate")
-    if mode == "separate" or ctx.symbolic or not _onednn_available():
+    mode, pinned = pinned_mode("cpu_epilogue", "MINICOMPILE_CPU_EPILOGUE", eager="separate")
+    if mode == "separate" or ctx.symbolic or not onednn_available():
         return 0
     fused = 0
     for node in list(gm.graph.nodes):
@@ -132,9 +132,9 @@ def _product_kind(node) -> str | None:
         return None
     if node.target is torch.ops.mkldnn._linear_pointwise.default and tuple(node.args[3:]) == ("none", [], ""):
         return "linear"
-    if node.target is aten.mm.default and _pinned("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")[0] == "auto":
+    if node.target is aten.mm.default and pinned_mode("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")[0] == "auto":
         a, b = (n.meta.get("val") for n in node.args)
-        return "mm" if _onednn_can_run(a, b) else None
+        return "mm" if onednn_can_run(a, b) else None
     if node.target is aten.convolution.default and _conv_fits(node):
         return "conv"
     return None
@@ -303,11 +303,11 @@ def _operands(m: Match) -> list:
 
 def _shape_text(n) -> str:
     v = n.meta["val"]
-    return "x".join(str(_hint(s)) for s in v.shape) + "/" + ",".join(str(_hint(s)) for s in v.stride())
+    return "x".join(str(size_hint(s)) for s in v.shape) + "/" + ",".join(str(size_hint(s)) for s in v.stride())
 
 
 def _real(v) -> torch.Tensor:
-    size, stride = [_hint(s) for s in v.shape], [_hint(s) for s in v.stride()]
+    size, stride = [size_hint(s) for s in v.shape], [size_hint(s) for s in v.stride()]
     return torch.empty_strided(size, stride, dtype=v.dtype).normal_()
 
 
@@ -315,7 +315,7 @@ def _candidates(m: Match, reps: int) -> dict:
     """The fused call and the separate pair, on random operands laid out as the traced ones, each
     run ``reps`` times a call."""
     made = functools.cache(lambda: [_real(n.meta["val"]) for n in _operands(m)])
-    fused = _fused_call(m, [_hint(s) for s in m.out.meta["val"].shape])
+    fused = _fused_call(m, [size_hint(s) for s in m.out.meta["val"].shape])
 
     def separate():
         ops = made()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minicompile.config import config
+from minicompile.cpu.conv_layout import ConvShape
 from minicompile.cpu.timing import Decision, NoCandidateRan, cpu_name, library_times, real_tensors, record
 from minicompile.runtime import cache
 
@@ -84,22 +85,15 @@ def _train_conv(node, x, w):
     groups = given.get("groups", 1)
     if not all(type(s) is int for s in (*x.shape, *w.shape, *stride, *padding, *dilation, groups)):
         return None     # symbolic, or padding="same"
-    return TrainConv(tuple(x.shape), tuple(w.shape), given.get("bias") is not None, stride, padding, dilation,
-                     groups, x.requires_grad, w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+    return TrainConv(tuple(x.shape), tuple(w.shape), given.get("bias") is not None, stride, padding, dilation, groups,
+                     w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous(), input_grad=x.requires_grad)
 
 
 @dataclass(frozen=True)
-class TrainConv:
-    """One convolution of a training graph: what timing its two layouts needs."""
-    input: tuple
-    weight: tuple
-    bias: bool
-    stride: tuple
-    padding: tuple
-    dilation: tuple
-    groups: int
-    input_grad: bool        # its input needs a gradient (not the image's)
-    weight_ready: bool      # the weight already is channels-last: nothing to convert
+class TrainConv(ConvShape):
+    """One convolution of a training graph: the inference layout choice's shape, and whether its
+    input needs a gradient (not the image's)."""
+    input_grad: bool = False
 
 
 def train_conv_times(conv: TrainConv) -> dict:

@@ -110,7 +110,8 @@ class GraphLowering:
             return value
         if isinstance(meta, torch.Tensor) and shape_of(meta) == tuple(value.size):
             lay = Layout(shape_of(meta), strides_of(meta), 0, value.dtype, value.device)
-            if lay.storage_numel() == _numel(lay.size) or (padded and _gapped(lay)):  # same strides as eager
+            if (lay.storage_numel() == _numel(lay.size) or (padded and _gapped(lay))  # same strides as eager
+                    or (not is_static(lay.size + lay.stride) and _never_overlaps(lay))):
                 return self.realize(value, lay, origins=[node.name])
         return self.realize(value, origins=[node.name])
 
@@ -515,6 +516,20 @@ def _gapped(lay: Layout) -> bool:
     span = 1
     for st, sz in sorted((st, sz) for sz, st in zip(lay.size, lay.stride) if sz > 1):
         if st < span:
+            return False
+        span = st * sz
+    return True
+
+
+def _never_overlaps(lay: Layout) -> bool:
+    """No two elements share memory at any sizes the symbols take. Eager's strides for a fresh
+    symbolic output may be dense only at the sizes the graph is guarded to (a size ``s//3`` that
+    is 1 there): dense is then unprovable, but keeping them is right, where row-major is not."""
+    dims = [(Expr.of(st), Expr.of(sz)) for sz, st in zip(lay.size, lay.stride) if not (isinstance(sz, int) and sz <= 1)]
+    dims.sort(key=lambda d: (d[0].range()[0], str(d[0])))
+    span = Expr.of(1)
+    for st, sz in dims:
+        if not _at_least(st, span):
             return False
         span = st * sz
     return True

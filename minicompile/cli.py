@@ -5,7 +5,7 @@
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile bench --train --models [--quick] [--workloads gpt2,resnet18,...] [--autocast bf16] [--json FILE]
-    minicompile bench --models [--quick] [--batch N] [--workloads resnet18,vit,...] [--profile] [--json FILE]
+    minicompile bench --models [--quick] [--batch N] [--dtype bf16] [--autocast bf16] [--workloads resnet18,vit,...] [--json FILE]
     minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
     minicompile config
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "GPT-2/Llama/BERT, ResNet, ViT, ConvNeXt")
     bench.add_argument("--no-cold-compile", action="store_true", help="with --train/--models: no cold-compile processes")
     bench.add_argument("--batch", type=int, help="with --models: the inputs' batch size (default: each model's own)")
-    bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --train --models: forwards under CPU autocast")
+    bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --models (and --train): forwards under CPU autocast")
+    bench.add_argument("--dtype", choices=["bf16", "fp16"], help="with --models: the models and their inputs in this dtype")
     bench.add_argument("--dynamic", action="store_true",
                        help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
                             "(docs/dynamic.md)")
@@ -123,7 +124,8 @@ def _report(args) -> int:
 
 
 def _bench(args) -> int:
-    wrong = ("--autocast is for --train --models" if args.autocast and not (args.train and args.models) else
+    wrong = ("--autocast is for --models" if args.autocast and not args.models else
+             "--dtype is for --models (inference)" if args.dtype and (args.train or not args.models) else
              "--batch N (N >= 1) is for --models (inference)" if args.batch is not None and
              (args.train or not args.models or args.batch < 1) else None)
     if wrong:
@@ -149,7 +151,8 @@ def _bench(args) -> int:
         from minicompile.tools import bench_models
         names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
         return bench_models.run_models(names, size, not args.no_inductor, args.profile, args.json, threads=args.threads,
-                                       batch=args.batch, cold=not args.no_cold_compile)
+                                       batch=args.batch, cold=not args.no_cold_compile, dtype=args.dtype,
+                                       autocast=args.autocast)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

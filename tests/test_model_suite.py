@@ -1,6 +1,7 @@
 """The model suite's sizes and batch option (tools/models.py, tools/models_more.py); whether each model
 compiles and matches eager is checked at its tiny size in tests/test_conv_layout.py (vision) and
-tests/test_shipped_defaults.py (Hugging Face), and at batch 16 here for the wider half."""
+tests/test_shipped_defaults.py (Hugging Face), and at batch 16 here for the wider half; every model
+in bfloat16 and a vision/language half under autocast here too (issue 27 item 2)."""
 import importlib.util
 import json
 
@@ -12,6 +13,7 @@ from minicompile.tools.models import MODELS
 from tests.helpers import assert_matches_eager, compile_with_dynamo
 
 WIDER = ["resnext", "densenet", "deit", "mixer", "llama", "t5"]
+BF16 = dict(atol=2e-2, rtol=2e-2)   # a bfloat16 ulp is 2**-7 relative: products rounded once more or less
 
 
 def _needs(name):
@@ -55,3 +57,43 @@ def test_bench_models_batch_reaches_the_worker(tmp_path):
     result = json.loads(out.read_text())["results"][0]
     assert result["shape"] == "mixer (tiny), batch 3" and result["minicompile"]["max_abs_diff"] < 1e-4
     assert "compile_s" not in result["minicompile"]   # no cold-compile process
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_suite_in_bfloat16_matches_eager(name, fresh_dynamo):
+    """``model.to(torch.bfloat16)`` with bfloat16 inputs, as CPU inference serves (bench --models --dtype bf16)."""
+    _needs(name)
+    model, inputs = MODELS[name].build("tiny", dtype="bf16")
+    with torch.no_grad():
+        ref = model(*inputs)
+    out, graphs = compile_with_dynamo(model, *inputs)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, **BF16)
+    assert len(graphs) == 1 and hasattr(graphs[0], "aten")   # one compiled graph, no fallback
+
+
+@pytest.mark.parametrize("name", ["resnet18", "convnext", "vit", "gpt2", "bert", "llama"])
+def test_suite_under_autocast_matches_eager(name, fresh_dynamo):
+    """The forward under ``torch.autocast("cpu", torch.bfloat16)`` (bench --models --autocast bf16):
+    the casts eager's autocast inserts are traced into the graph."""
+    _needs(name)
+    model, inputs = MODELS[name].build("tiny", autocast="bf16")
+    with torch.no_grad():
+        ref = model(*inputs)
+    out, graphs = compile_with_dynamo(model, *inputs)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, **BF16)
+    assert len(graphs) == 1 and hasattr(graphs[0], "aten")
+
+
+def test_bench_models_dtype_and_autocast_reach_the_worker(tmp_path, capsys):
+    from tests.test_cli import run_cli
+    out = tmp_path / "models.json"
+    proc = run_cli("bench", "--models", "--workloads", "mixer", "--size", "tiny", "--dtype", "bf16", "--no-inductor",
+                   "--no-cold-compile", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["results"][0]["shape"] == "mixer (tiny), bf16" and data["machine"]["dtype"] == "bf16"
+    assert "inference (bf16)" in proc.stdout
+    assert main(["bench", "--models", "--train", "--dtype", "bf16"]) == 2
+    assert "--dtype is for --models (inference)" in capsys.readouterr().err

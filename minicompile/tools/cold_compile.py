@@ -57,16 +57,17 @@ def cold_env(tmp: str, **extra) -> dict:
 
 
 def measure(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
-            batch: int | None = None, **env) -> dict:
+            batch: int | None = None, dtype: str | None = None, **env) -> dict:
     """``{"compile_s", "import_s"}`` of ``compiler``'s cold compile, or ``{"error": ...}``; ``env``:
     more environment variables for the process (``MINICOMPILE_FALLBACK="0"`` to raise on errors);
-    ``autocast`` ("bf16", "fp16"; train_models only): the forward runs under CPU autocast;
-    ``batch`` (models only): the inputs' batch size instead of the model's own."""
+    ``autocast`` ("bf16", "fp16"; train_models and models): the forward runs under CPU autocast;
+    ``batch``, ``dtype`` (models only): the inputs' batch size instead of the model's own, the
+    model and its inputs in that dtype."""
     with tempfile.TemporaryDirectory(prefix="minicompile-cold-") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.cold_compile", "--kind", kind, "--workload", workload,
                "--size", size, "--compiler", compiler, "--result", out] + (["--autocast", autocast] if autocast else []) + \
-            (["--batch", str(batch)] if batch else [])
+            (["--batch", str(batch)] if batch else []) + (["--dtype", dtype] if dtype else [])
         proc = subprocess.run(cmd, env=cold_env(tmp, **env), capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
@@ -105,9 +106,10 @@ def _first_train_model_step(name: str, size: str, autocast: str | None = None):
     return first_call
 
 
-def _first_inference(name: str, size: str, batch: int | None = None):
+def _first_inference(name: str, size: str, batch: int | None = None, dtype: str | None = None,
+                     autocast: str | None = None):
     """A real model's first call under no_grad, as bench_models.run_model makes it."""
-    model, inputs = MODELS[name].build(size, batch)
+    model, inputs = MODELS[name].build(size, batch, dtype, autocast)
     with torch.no_grad():
         model(*inputs)
 
@@ -121,8 +123,9 @@ FIRST_CALL = {"train": _first_train_step, "train_models": _first_train_model_ste
 
 
 def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
-        batch: int | None = None) -> dict:
-    first_call = FIRST_CALL[kind](workload, size, *([autocast] if autocast else []), *([batch] if batch else []))
+        batch: int | None = None, dtype: str | None = None) -> dict:
+    given = dict(autocast=autocast, batch=batch, dtype=dtype)
+    first_call = FIRST_CALL[kind](workload, size, **{k: v for k, v in given.items() if v})
     backend = "minicompile" if compiler == "minicompile" else "inductor"
     t0 = time.perf_counter()
     torch._dynamo.lookup_backend(backend)   # imports the compiler: Dynamo's registry loads it
@@ -139,10 +142,11 @@ def main(argv=None) -> int:
     p.add_argument("--size", required=True)
     p.add_argument("--compiler", choices=["inductor", "minicompile"], required=True)
     p.add_argument("--result", required=True)
-    p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models: the forward under CPU autocast")
+    p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models, models: the forward under CPU autocast")
     p.add_argument("--batch", type=int, help="models: the inputs' batch size")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], help="models: the model and its inputs in this dtype")
     args = p.parse_args(argv)
-    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast, args.batch)
+    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast, args.batch, args.dtype)
     with open(args.result, "w") as f:
         json.dump(result, f)
     return 0

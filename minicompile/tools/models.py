@@ -336,11 +336,33 @@ class ModelSpec:
     needs: str | None = None                      # a module that must import (transformers)
     build_quick: Callable[[], tuple] | None = None
 
-    def build(self, size: str = "full", batch: int | None = None) -> tuple:
+    def build(self, size: str = "full", batch: int | None = None, dtype: str | None = None,
+              autocast: str | None = None) -> tuple:
+        """``dtype`` ("bf16", "fp16"): the model's parameters, buffers and floating inputs in it;
+        ``autocast`` ("bf16", "fp16"): the model's forward runs under CPU autocast (``Autocast``)."""
         torch.manual_seed(0)
         make = {"full": self.build_full, "quick": self.build_quick or self.build_tiny, "tiny": self.build_tiny}
         model, inputs = make[size]()
-        return randomise_batch_norm(model).eval(), rebatch(inputs, batch)
+        model, inputs = randomise_batch_norm(model).eval(), rebatch(inputs, batch)
+        if dtype:
+            model = model.to(DTYPES[dtype])
+            inputs = tuple(x.to(DTYPES[dtype]) if x.is_floating_point() else x for x in inputs)
+        return (Autocast(model, DTYPES[autocast]) if autocast else model), inputs
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Autocast(nn.Module):
+    """``model`` called under ``torch.autocast("cpu", dtype)``, as inference code wraps its calls."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, *inputs):
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.model(*inputs)
 
 
 def rebatch(inputs: tuple, batch: int | None) -> tuple:

@@ -73,18 +73,29 @@ def _from_sympy(e, stride: bool = False, shape_env=None):
             and Expr.of(parts[0]).range()[0] >= 0 and _nonnegative(e.args[0], shape_env)):
         return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3
     if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
-        small, big = sorted(parts, key=lambda p: isinstance(p, Expr))
-        if isinstance(small, int) and Expr.of(big).range()[0] >= small:
+        (small, _), (big, big_sympy) = sorted(zip(parts, e.args), key=lambda p: isinstance(p[0], Expr))
+        low = max(Expr.of(big).range()[0], _lower_bound(big_sympy, shape_env))   # the trace's guards: s0 >= 7
+        if isinstance(small, int) and low >= small:
             return big
-        # a stride Max(1, u0) over a data-dependent size: it differs from u0 only where u0 is 0,
-        # and then the tensor has no element for the stride to place
-        if stride and small == 1 and Expr.of(big).range()[0] >= 0:
+        # a stride Max(1, s0 - 7) or Max(1, u0) over a size that may be 0: it differs from the size
+        # only where that is 0, and then the tensor has no element for the stride to place
+        if stride and small == 1 and low >= 0:
             return big
     if e.is_Add:
         return size_value(sum(parts[1:], Expr.of(parts[0])))
     if e.is_Mul:
         return prod(parts)
     raise NotSymbolic(f"the size {e} is not a polynomial in the symbols")
+
+
+def _lower_bound(e, shape_env) -> float:
+    """The least value of ``e`` by the trace's value ranges (which hold its guards), -inf unknown."""
+    if shape_env is None:
+        return float("-inf")
+    try:
+        return bound_sympy(e, shape_env.var_to_range).lower
+    except Exception:   # an expression the range analysis does not know
+        return float("-inf")
 
 
 def _nonnegative(e, shape_env) -> bool:

@@ -187,7 +187,7 @@ def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
 
 def _generate(backend, loops: LoopGraph, plan: Schedule, prepared=None) -> Code:
     kernels = backend.generate(loops, plan)
-    wrapper = WrapperCode(loops, plan, kernels.kernel_args, kernels.groups, prepared)
+    wrapper = WrapperCode(loops, plan, kernels.kernel_args, prepared)
     return Code(kernels, wrapper.generate(), wrapper.externs)
 
 

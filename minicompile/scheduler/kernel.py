@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value
-from minicompile.ir.nodes import ComputedBuffer, Reduction, is_static, prod
+from minicompile.ir.nodes import Buffer, ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
 
@@ -114,6 +116,10 @@ class FusedKernel:
         index, _ = self.node_index(node)
         return node.store_index(index)
 
+    def in_memory(self, name: str) -> bool:
+        """Whether the kernel reads or writes ``name`` in memory (not in registers or a row)."""
+        return name not in self.local and name not in self.scratch
+
     def reads(self, node: ComputedBuffer) -> list:
         """What ``node``'s body reads, at which index (computed once per kernel, node and level:
         planning and code generation ask again and again, and each time ran the whole body)."""
@@ -135,6 +141,36 @@ class FusedKernel:
             out.append(self.store_index(n))
             out.extend(r.index for r in self.reads(n))
         return out
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One buffer a kernel reads or writes in memory (not one kept in registers or a row)."""
+    name: str        # the argument: the buffer's storage name (a mutated input's, for in-place writes)
+    buffer: Buffer   # the first buffer seen under that name: its dtype and shape describe the argument
+    read: bool
+    written: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.dtype
+
+    def describe(self) -> str:
+        """``in: float32[64, 1000]``, the comment beside the argument in either language."""
+        role = "in/out" if self.read and self.written else "out" if self.written else "in"
+        return f"{role}: {str(self.dtype).replace('torch.', '')}{list(self.buffer.layout.size)}"
+
+
+def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
+    """Every buffer ``kernel`` touches in memory, in first-use order (the call order)."""
+    seen: dict = {}  # argument name -> [buffer, read, written]
+    for n in kernel.nodes:
+        for r in kernel.reads(n):
+            if kernel.in_memory(r.name):
+                seen.setdefault(storage.get(r.name, r.name), [buffers[r.name], False, False])[1] = True
+        if kernel.in_memory(n.name):
+            seen.setdefault(storage.get(n.name, n.name), [n, False, False])[2] = True
+    return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
 
 
 def nonlinear_count(exprs) -> int:

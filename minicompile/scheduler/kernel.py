@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value, symbols_of
 from minicompile.ir.nodes import Buffer, ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
@@ -86,7 +86,7 @@ class FusedKernel:
     def __post_init__(self):
         self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]
         self.inner_vars = [Var(f"r{k}", s) for k, s in enumerate(self.inner_ranges)]
-        self._reads: dict = {}   # reads(): (node name, direct, level) -> reads of that node
+        self._reads: dict = {}   # (node name, direct, level) -> its body's RecordOps
 
     @property
     def is_reduction(self) -> bool:
@@ -123,17 +123,29 @@ class FusedKernel:
     def reads(self, node: ComputedBuffer) -> list:
         """What ``node``'s body reads, at which index (computed once per kernel, node and level:
         planning and code generation ask again and again, and each time ran the whole body)."""
+        return self._recorded(node).reads
+
+    def _recorded(self, node: ComputedBuffer) -> RecordOps:
         key = (node.name, self.direct, self.level.get(node.name))
-        cached = self._reads.get(key)
-        if cached is None:
-            rec = RecordOps()
-            index, rindex = self.node_index(node)
+        rec = self._reads.get(key)
+        if rec is None:
+            rec, (index, rindex) = RecordOps(), self.node_index(node)
             if isinstance(node.data, Reduction):
                 node.data.body(rec, index, rindex)
             else:
                 node.data.body(rec, index)
-            cached = self._reads[key] = rec.reads
-        return cached
+            self._reads[key] = rec
+        return rec
+
+    def named_symbols(self) -> set:
+        """The size symbols the kernel's code names, which it takes as arguments (either backend):
+        those of its loops, of the indices it stores at and loads from memory at (a value kept
+        in registers or a row is read without an index) and of the index expressions it computes."""
+        exprs = [*self.outer_ranges, *self.inner_ranges]
+        for n in self.nodes:
+            exprs += [self.store_index(n)] if self.in_memory(n.name) else []
+            exprs += [r.index for r in self.reads(n) if self.in_memory(r.name)] + self._recorded(n).exprs
+        return set().union(*map(symbols_of, exprs))
 
     def all_indices(self) -> list:
         out = []

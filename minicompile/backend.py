@@ -186,9 +186,9 @@ def _training_compiler(knobs: dict):
     training layout already (aot/conv_layout_train.py), for both halves at once. Nor with prepared
     weights (cpu/prepare.py): the parameters change every step. Nor with oneDNN's fused epilogues
     (cpu/epilogues.py): inference only."""
-    def compile_part(part_gm, example_inputs):
+    def compile_part(part_gm, example_inputs, **about):   # about: the half's title and stamps (Partition.about)
         with patch(**{**knobs, "conv_channels_last": False, "prepare_weights": False, "cpu_epilogue": "separate"}):
-            return compile_aten(part_gm, example_inputs)
+            return compile_aten(part_gm, example_inputs, **about)
     return compile_part
 
 

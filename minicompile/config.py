@@ -127,7 +127,7 @@ class Config:
         "threads", lo=1)
     horizontal_groups: bool = knob(
         "MINICOMPILE_HORIZONTAL", True, "consecutive independent C++ kernels run as one call with one "
-        "OpenMP parallel region, no barrier between them (codegen/cpp_groups.py)")
+        "OpenMP parallel region, no barrier between them (scheduler/groups.py)")
     triton_persistent_rnumel: int = knob(
         "MINICOMPILE_TRITON_PERSISTENT_RNUMEL", 4096, "Triton: a reduction row of at most this many "
         "elements (rounded up to a power of two) is held in registers; longer rows loop", lo=1)

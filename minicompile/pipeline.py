@@ -138,23 +138,24 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
         return _compile_graph(gm, example_inputs)
 
 
-def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGraph:
+def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list, title: str = "ATen graph (compiled by compile_aten)",
+                 constructed_by: tuple = ()) -> CompiledGraph:
     """compile_graph for a graph that is functional ATen already, traced by us with its
     ``meta["val"]`` on every node (a half of the joint graph, aot/partition.py): it starts at the
     passes after the trace (after_trace_passes: lift, restride, the CPU folds, ...), so node names
-    and source lines stay as they are. ``aten_gm.meta["title"]`` says what the graph is (the
-    partition's "forward half of the joint graph"), for MINICOMPILE_DEBUG.
+    and source lines stay as they are. ``title`` says what the graph is, for MINICOMPILE_DEBUG, and
+    ``constructed_by`` is its stamps so far (a half's: ``Partition.about``).
 
     Inputs laid out otherwise than the graph was traced with (in a dimension larger than 1: a
     saved value the compiled forward laid out its own way) are copied into the traced layouts
     at each call: the graph is compiled as traced, never traced again (tracing a half again with
     other layouts gave wrong gradients, convbn fuzzer seed 402075)."""
-    title = aten_gm.meta.get("title", "ATen graph (compiled by compile_aten)")
+    prepare = lambda gm, inputs: prepare_aten(gm, inputs, CPU, constructed_by)  # noqa: E731
     with kept_global_state():
         if traced_as(aten_gm, example_inputs):
-            return _compile_graph(aten_gm, example_inputs, _prepare_aten, "aten passes", title)
+            return _compile_graph(aten_gm, example_inputs, prepare, "aten passes", title)
         as_traced = in_layouts(example_inputs, traced_inputs(aten_gm))
-        return InTracedLayouts(aten_gm, _compile_graph(aten_gm, as_traced, _prepare_aten, "aten passes", title))
+        return InTracedLayouts(aten_gm, _compile_graph(aten_gm, as_traced, prepare, "aten passes", title))
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",
@@ -176,10 +177,6 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None,
     return compiled
 
 
-def _prepare_aten(aten_gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
-    return prepare_aten(aten_gm, example_inputs, CPU)
-
-
 def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
     with _trace_lock:
         return trace_inference(gm, example_inputs, compile_passes(CPU), CPU)
@@ -187,7 +184,7 @@ def _trace(gm: torch.fx.GraphModule, example_inputs: list) -> AtenProgram:
 
 def _generate(backend, loops: LoopGraph, plan: Schedule, prepared=None) -> Code:
     kernels = backend.generate(loops, plan)
-    wrapper = WrapperCode(loops, plan, kernels.kernel_args, kernels.groups, prepared)
+    wrapper = WrapperCode(loops, plan, kernels.kernel_args, prepared)
     return Code(kernels, wrapper.generate(), wrapper.externs)
 
 

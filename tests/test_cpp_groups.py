@@ -1,4 +1,4 @@
-"""Horizontal groups (codegen/cpp_groups.py): consecutive independent C++ kernels run as one call
+"""Horizontal groups (scheduler/groups.py, spelled by codegen/cpp.py): consecutive independent C++ kernels run as one call
 with one parallel region and no barrier between them; kernels that depend on each other never
 share a group. Every case compares the mutated inputs and outputs with eager."""
 import pytest
@@ -68,3 +68,26 @@ def test_a_group_is_one_profiler_event():
         c(*inputs)
     names = [e.name for e in prof.events()]
     assert names.count("group0") == 1, names
+
+
+def test_the_schedule_shows_the_groups_and_codegen_follows_it():
+    """The groups are the scheduler's (scheduler/groups.py), printed with the fusion stage; the C++
+    code generator and the wrapper only spell them. Two independent updates, then one that reads
+    what the first wrote: one group of two kernels, the third apart."""
+    def fn(p, q, r):
+        p.mul_(2)
+        q.add_(1)
+        r.add_(p.t())   # a transposed read: its own kernel
+    inputs = [torch.randn(300, 300) for _ in range(3)]
+    c, ours, ref = run_both(fn, inputs, parallel_threshold=1)
+    assert_matches_eager(ours, ref)
+    names = [k.name for k in c.schedule.kernels]
+    (group,) = c.schedule.groups
+    (apart,) = set(names) - set(group.kernels)
+    assert len(names) == 3 and ", ".join(group.kernels) in ", ".join(names)   # consecutive, in order
+    assert f"horizontal groups:\n    group0: one call, no barrier between {', '.join(group.kernels)}" in str(c.schedule)
+    assert "group0(" in c.wrapper_source and f"{apart}(" in c.wrapper_source, c.wrapper_source
+    assert group.kernels[0] not in c.wrapper_source and f"static void {group.kernels[0]}(" in c.kernel_source
+    with patch(horizontal_groups=False):
+        c = compile_fn(fn, *inputs, trace="fake")
+    assert c.schedule.groups == [] and "horizontal groups" not in str(c.schedule)

@@ -187,7 +187,7 @@ def test_a_graph_the_symbolic_path_cannot_lower_runs_eagerly_with_the_reason(tra
                                                                             caplog, monkeypatch):
     # a lowering gap of the symbolic path (NotSymbolic) must cost speed, never a gradient, and
     # is not a compiler bug: it falls back even with MINICOMPILE_FALLBACK=0 (as in the tests)
-    def refuse(gm, example_inputs):
+    def refuse(gm, example_inputs, **about):
         raise NotSymbolic("index math over s0*s1 (a test's stand-in)")
     monkeypatch.setattr(backend_module, "compile_aten", refuse)
     torch.manual_seed(0)

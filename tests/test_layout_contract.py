@@ -193,11 +193,11 @@ def test_failed_backward_compile_never_runs_on_our_layouts(saved_layout, backwar
 
     compile_aten, calls = backend_module.compile_aten, []
 
-    def forward_then_failing_backward(gm, example_inputs):
+    def forward_then_failing_backward(gm, example_inputs, **about):
         calls.append(gm)
         if len(calls) > 1 and (backward_fails == "always" or _other_layouts(gm, example_inputs)):
             raise RuntimeError("backward compile forced to fail")
-        compiled = compile_aten(gm, example_inputs)
+        compiled = compile_aten(gm, example_inputs, **about)
         if saved_layout == "as compiled" or len(calls) > 1:
             return compiled
         return lambda *args: [o.contiguous() if isinstance(o, torch.Tensor) and o.dim() == 4 else o

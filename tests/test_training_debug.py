@@ -51,6 +51,10 @@ def test_debug_3_prints_the_joint_graph_the_partition_and_both_halves(capsys, fr
     assert "captured FX graph" not in out
     # each half's ATen graph says where it came from: the joint trace, the partition, compile_aten
     assert "#   then partition, backward half: " in out and "#   then compile_aten: lift " in out
+    # carried as values (Partition.about, AtenProgram.constructed_by), not in the halves' meta
+    part = graph.partition
+    assert not {"constructed_by", "title"} & {*part.forward.meta, *part.backward.meta}
+    assert graph.backward.aten.constructed_by[:-1] == part.about("backward")["constructed_by"]
 
 
 def test_the_backward_half_keeps_source_lines_and_saved_names(capsys, fresh_dynamo):

@@ -21,9 +21,9 @@ The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go 
 graph, so BatchNorm's running statistics are updated once per forward, as eager does.
 (Max pooling's int64 indices were rewritten by the joint trace's last pass, so that one byte per
 output is what there is to save: aot/pool_offsets.py.) The partitioner does not rewrite the
-joint graph: the halves are copies of its nodes, with their names and meta (source lines), and
-each is stamped (``meta["constructed_by"]``) with the joint graph's passes plus ``partition,
-forward half`` (or backward), the chooser's time and the split's; ``meta["title"]`` says which.
+joint graph: the halves are copies of its nodes, with their names and meta (source lines);
+``part.about("forward")`` (or backward) is a half's title and stamps: the joint graph's passes,
+then ``partition, forward half`` with the chooser's time and the split's.
 """
 from __future__ import annotations
 
@@ -87,6 +87,12 @@ class Partition:
     saved_primals: tuple           # positions of the primals backward reads (passed as they are)
     grad_slots: tuple              # per joint grad: its position among backward's outputs, or None
     report: PartitionReport
+    stamps: tuple = ()             # the joint graph's (aot/runner.py), then the partition's steps and times
+
+    def about(self, half: str) -> dict:
+        """compile_aten's title and constructed_by for the ``half`` ("forward" or "backward") half."""
+        *joint, steps = self.stamps
+        return {"title": f"{half} half of the joint graph", "constructed_by": (*joint, (f"partition, {half} half", steps))}
 
 
 def partition(joint: JointGraph, mode: str = "min_cut", checkpoint: str = "recompute") -> Partition:
@@ -104,9 +110,7 @@ def partition(joint: JointGraph, mode: str = "min_cut", checkpoint: str = "recom
         report.checkpointed = [n.name for n in view.region if n in in_backward]
         report.checkpoint = ckpt.summary(checkpoint if mode == "min_cut" else mode, view.region, in_backward, saved)
     steps = [(mode, t1 - t0), ("split", time.perf_counter() - t1)]
-    for half, gm in (("forward half", part.forward), ("backward half", part.backward)):
-        gm.meta["constructed_by"] = (*joint.constructed_by, (f"partition, {half}", tuple(steps)))
-        gm.meta["title"] = f"{half} of the joint graph"   # what MINICOMPILE_DEBUG calls it
+    part.stamps = (*joint.constructed_by, tuple(steps))
     return part
 
 

@@ -111,12 +111,13 @@ def after_trace_passes(policy: DevicePolicy = NEUTRAL) -> tuple:
             *policy.before_trace, *passes[traced:], *policy.prepare)
 
 
-def prepare_aten(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> AtenProgram:
+def prepare_aten(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL,
+                 constructed_by: tuple = ()) -> AtenProgram:
     """A functional ATen graph (a half of the joint graph) -> the pipeline's ATen program: the
-    passes tracing would have run after make_fx, stamped after the runners in
-    ``gm.meta["constructed_by"]`` (the partition's). ``gm`` is not changed (the passes work on a copy)."""
+    passes tracing would have run after make_fx, stamped after the runners in ``constructed_by``
+    (a half's: Partition.about). ``gm`` is not changed (the passes work on a copy)."""
     copy = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
-    ctx = trace.PassContext(list(example_inputs), policy=policy, constructed_by=tuple(gm.meta.get("constructed_by", ())))
+    ctx = trace.PassContext(list(example_inputs), policy=policy, constructed_by=constructed_by)
     return ctx.program(run_passes(copy, ctx, after_trace_passes(policy), "compile_aten"))
 
 

@@ -4,7 +4,7 @@
     outputs = graph(*inputs)          # compiled forward; autograd records one node
     loss.backward()                   # that node runs the compiled backward
 
-``compile_fn(gm, example_inputs)`` is the pipeline's compiler for ATen graphs
+``compile_fn(gm, example_inputs, **part.about(half))`` is the pipeline's compiler for ATen graphs
 (``pipeline.compile_aten``; the caller passes it, so aot/ never imports the pipeline). The forward is compiled at once; the backward on the first
 backward call, with the saved tensors the forward really produced (their strides included);
 if that compile fails, it is compiled for the layouts it was traced with, and if that fails too
@@ -42,8 +42,8 @@ class TrainingGraph:
     def __init__(self, part: Partition, joint: JointGraph, compile_fn: Callable, example_inputs: list):
         self.partition = part
         self.joint = joint
-        self.compile_fn = compile_fn
-        self.forward = compile_fn(part.forward, list(example_inputs))
+        self.compile_fn = lambda gm, inputs: compile_fn(gm, inputs, **part.about("backward"))   # the backward's
+        self.forward = compile_fn(part.forward, list(example_inputs), **part.about("forward"))
         self.backward = None
         if any(is_symbolic(x) for x in example_inputs):
             self.backward = self._compile_symbolic_backward()

@@ -6,7 +6,7 @@ IR's body functions, how a value is stored or kept in registers, and how a loop 
 a loop. What is the same everywhere lives here, so the two generators cannot drift apart:
 
 - the arguments: every buffer the kernel touches in memory, in first-use order, with its role,
-  dtype and shape (``KernelArg``);
+  dtype and shape (``KernelArg``, scheduler/kernel.py: horizontal groups read them too);
 - the header comment: the FX nodes the kernel fuses, grouped by the user source line they came from;
 - ``comment_text``: how text the user wrote enters a comment of the generated code;
 - the stage walk: a "scalar" stage runs once per outer point, a "loop" stage is one loop over
@@ -21,14 +21,15 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from minicompile.ir.expr import Expr
-from minicompile.ir.nodes import Buffer, Reduction, prod
+from minicompile.ir.nodes import Reduction, prod
 from minicompile.ir.ops import compute_dtype
+from minicompile.scheduler.kernel import kernel_args
 
 ARG_REDUCTIONS = ("argmax", "argmin")  # the result is an index; the accumulator holds the values
 
@@ -40,43 +41,9 @@ class GeneratedKernels:
     kernel_args: dict        # kernel name -> argument names in call order (pointers or tensors)
     language: str            # "cpp" | "python": syntax highlighting and file suffixes
     interpret: bool = False  # Triton with CPU tensors: the kernels run in the Triton interpreter
-    # A function that runs several kernels in one call (codegen/cpp_groups.py) -> their names,
-    # in order; the wrapper calls it in place of them, where the last of them was
-    groups: dict = field(default_factory=dict)
     # C++: the source's independent parts (its functions, without the prelude's include), which
     # the runtime may compile as separate objects in parallel; () compiles ``source`` whole
     units: tuple = ()
-
-
-@dataclass(frozen=True)
-class KernelArg:
-    """One buffer a kernel reads or writes in memory (not one kept in registers or a row)."""
-    name: str        # the argument: the buffer's storage name (a mutated input's, for in-place writes)
-    buffer: Buffer   # the first buffer seen under that name: its dtype and shape describe the argument
-    read: bool
-    written: bool
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buffer.dtype
-
-    def describe(self) -> str:
-        """``in: float32[64, 1000]``, the comment beside the argument in either language."""
-        role = "in/out" if self.read and self.written else "out" if self.written else "in"
-        return f"{role}: {str(self.dtype).replace('torch.', '')}{list(self.buffer.layout.size)}"
-
-
-def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
-    """Every buffer ``kernel`` touches in memory, in first-use order (the call order)."""
-    in_memory = lambda name: name not in kernel.local and name not in kernel.scratch
-    seen: dict = {}  # argument name -> [buffer, read, written]
-    for n in kernel.nodes:
-        for r in kernel.reads(n):
-            if in_memory(r.name):
-                seen.setdefault(storage.get(r.name, r.name), [buffers[r.name], False, False])[1] = True
-        if in_memory(n.name):
-            seen.setdefault(storage.get(n.name, n.name), [n, False, False])[2] = True
-    return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
 
 
 # /* and */ open and close a C block comment, ?? starts a trigraph (??/ is a backslash to some compilers)

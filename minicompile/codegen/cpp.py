@@ -18,7 +18,6 @@ import torch
 from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
-from minicompile.codegen.cpp_groups import form_groups, render_group
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_plan import KernelPlan, plan_kernel
@@ -174,7 +173,7 @@ class CppKernel(KernelRenderer):
         self.trig_args = [] if self.plan.trig else None   # the inline sin/cos's arguments (CppOps)
         self.redo: dict = {}   # see CppOps.redo
         self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
-        # Set by CppBackend for a member of a horizontal group (codegen/cpp_groups.py): a static
+        # Set by CppBackend for a member of a horizontal group (render_group): a static
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
@@ -471,35 +470,61 @@ def _store_cast(value: CV, dtype: torch.dtype) -> str:
     return _cast(value, dtype)
 
 
+def render_group(name: str, members: list) -> tuple[str, list]:
+    """A horizontal group (scheduler/groups.py): one ``extern "C"`` function, one parallel region
+    running its ``static`` members, none waiting for another (a member's loop is ``omp for ...
+    nowait``, one below the threshold ``omp single nowait``). Its source and its arguments: every
+    member's, each once, in first-use order."""
+    args: dict = {}  # argument name -> (ctype, written by some member)
+    for ck in members:
+        for a in ck.args:
+            _, written = args.get(a.name, (None, False))
+            args[a.name] = (CTYPE[a.dtype], written or a.written)
+    params = [f"    {'' if w else 'const '}{t}* {n}" for n, (t, w) in args.items()]
+    work = sum(ck.work for ck in members)
+    region = work >= config.parallel_threshold
+    body = []
+    for ck in members:
+        call = f"{ck.k.name}({', '.join(a.name for a in ck.args)});"
+        body += [call] if ck.parallel or not region else ["#pragma omp single nowait", call]
+    lines = [f"// {name}: {len(members)} independent kernels, {work} elements, one call"
+             + (", one parallel region, no barrier between kernels" if region else ""),
+             f'extern "C" void {name}(', ",\n".join(params), ")", "{"]
+    if region:
+        lines += ["    #pragma omp parallel", "    {"] + ["        " + ln for ln in body] + ["    }"]
+    else:
+        lines += ["    " + ln for ln in body]
+    return "\n".join(lines + ["}"]), list(args)
+
+
 class CppBackend:
     """C++ on the CPU: every kernel of a graph in one translation unit, called through ctypes."""
     name = "cpp"
     # The wrapper passes ``t.data_ptr()``; a per-row value read by a later loop is kept in a
     # row-sized array.
-    caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True,
+    caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True, horizontal=True,
                        plan=lambda *kernel_and_graph: CppKernel(*kernel_and_graph).plan)
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal
-        group's members (``static``) come right before the group's function. Each kernel or
+        group's (the Schedule's) members (``static``) come right before the group's function. Each kernel or
         group is a unit the runtime may compile apart from the others (in parallel)."""
         symbols = tuple(graph.symbols)
         kernels = {k.name: CppKernel(k, graph.by_name, graph.mutations, graph.sources, symbols) for k in plan.kernels}
-        groups = form_groups(plan.steps, kernels) if config.horizontal_groups else []
-        for ck in (ck for g in groups for ck in g):
-            ck.in_group = True
-        units, args, members = [], {}, {}
+        for name in (name for g in plan.groups for name in g.kernels):
+            kernels[name].in_group = True
+        units, args = [], {}
         for name, ck in kernels.items():
             if not ck.in_group:
                 units.append(ck.render())
                 args[name] = [a.name for a in ck.args] + ck.size_args
-        for i, group in enumerate(groups):
-            rendered = [ck.render() for ck in group]       # first: the group reads how each rendered
-            source, args[f"group{i}"] = render_group(f"group{i}", group)
+        for group in plan.groups:
+            members = [kernels[name] for name in group.kernels]
+            rendered = [ck.render() for ck in members]       # first: the group reads how each rendered
+            source, args[group.name] = render_group(group.name, members)
             units.append("\n\n".join(rendered + [source]))
-            members[f"group{i}"] = [ck.k.name for ck in group]
         return GeneratedKernels("\n\n".join([f'#include "{PRELUDE_HEADER}"'] + units) + "\n", args, "cpp",
-                                groups=members, units=tuple(units))
+                                units=tuple(units))
 
     def load(self, generated: GeneratedKernels):
         if not generated.kernel_args:

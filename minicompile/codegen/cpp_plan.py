@@ -23,7 +23,7 @@ from minicompile.codegen.common import KernelRenderer
 from minicompile.codegen.cpp_channels import channel_sizes
 from minicompile.codegen.cpp_columns import column_var
 from minicompile.codegen.cpp_ops import literal
-from minicompile.ir.expr import atoms_of, symbols_of
+from minicompile.ir.expr import atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 
@@ -57,7 +57,7 @@ class KernelPlan:
     trig: bool                 # inline sin/cos allowed (a pointwise map, no in-place write)
     column: object = None      # the column form's variable (cpp_columns.py), or None
     calls: dict = field(default_factory=dict)   # node name -> [Planned], in call order
-    symbols: set = field(default_factory=set)   # the size symbols its loops and indices name
+    symbols: set = field(default_factory=set)   # the size symbols it names (FusedKernel.named_symbols)
 
     @property
     def inline_trig(self) -> bool:
@@ -112,7 +112,6 @@ class LevelOps:
         if name in self.ck.k.scratch:
             return self._new(ct, "element", what=what)
         ptr = self.ck.pointer(name)
-        self.plan.symbols |= symbols_of(index)
         read_only, atoms = ptr in self.ck.read_only, atoms_of(index)
         if self.plan.hoist and read_only and not atoms:
             value = self._new(ct, "kernel", what=what)
@@ -137,7 +136,6 @@ class LevelOps:
         return v
 
     def index_expr(self, expr, dtype):
-        self.plan.symbols |= symbols_of(expr)
         return self._new(dtype, "element", what="index")
 
     def to_dtype(self, x, dtype):
@@ -182,8 +180,7 @@ def plan_kernel(ck) -> KernelPlan:
     if k.outer_numel == 0:   # nothing to compute, nothing named
         plan.form = "empty"
         return plan
-    stored = [k.store_index(n) for n in k.nodes if n.name not in k.local and n.name not in k.scratch]
-    plan.symbols = set().union(*map(symbols_of, (*k.outer_ranges, *k.inner_ranges, *stored)))
+    plan.symbols = k.named_symbols()
     known: dict = {}
     for i, stage in enumerate(k.stages):
         if column is not None and i == 0:

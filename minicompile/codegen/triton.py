@@ -15,7 +15,6 @@ one temporary per value, as CppOps does for C++.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
@@ -200,7 +199,7 @@ class TritonKernel(KernelRenderer):
     def render(self) -> str:
         k = self.k
         body = self._body()
-        named = set(re.findall(r"\b\w+\b", "\n".join(body)))
+        named = {sym.name for sym in k.named_symbols()}   # as the C++ plan's (scheduler/kernel.py)
         self.size_args = [s for s in self.symbols if s in named]  # passed after the tensors
         lines = self.header() + [f"# {self.describe()}"]
         lines += ["@triton.jit", f"def {k.name}("]

@@ -5,8 +5,8 @@ kernels' argument names) writes a module that defines ``make(lib, externs, const
 where ``call(args)`` runs the graph. It imports torch and the host buffer pool (the runtime
 hands it the kernel library), allocates outputs with eager's strides (large CPU buffers from
 the pool, chosen when the wrapper is generated), and hands a dead intermediate's memory to
-the next buffer of the same size and dtype. A horizontal group of C++ kernels
-(codegen/cpp_groups.py) is one call, made where its last kernel was; its kernels' buffers are
+the next buffer of the same size and dtype. A horizontal group of kernels (the Schedule's,
+scheduler/groups.py) is one call, made where its last kernel was; its kernels' buffers are
 allocated at their own steps and none is handed on before that call.
 
 When cpu/prepare.py moved values computed from parameters alone out of the graph, its last
@@ -40,7 +40,7 @@ from minicompile.scheduler.kernel import FusedKernel
 
 
 class WrapperCode:
-    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict, groups: dict | None = None,
+    def __init__(self, graph: LoopGraph, schedule: Schedule, kernel_args: dict,
                  prepared: CachedPreparation | None = None, reuse_memory: bool = True):
         self.graph = graph
         self.reuse_memory = reuse_memory  # off: every buffer keeps its own memory (testing/check.py)
@@ -48,9 +48,9 @@ class WrapperCode:
         self.schedule = schedule
         self.storage = graph.mutations  # a buffer that writes into an input is that input
         self.kernel_args = kernel_args  # kernel (or group) name -> [pointer names]
-        # A kernel in a group (codegen/cpp_groups.py) -> (the group, the group's last kernel):
-        # its buffers are allocated at its step, the group is called at the last one's
-        self.group_of = {k: (g, ks[-1]) for g, ks in (groups or {}).items() for k in ks}
+        # A kernel in a horizontal group -> (the group, the group's last kernel): its buffers
+        # are allocated at its step, the group is called at the last one's
+        self.group_of = {k: (g.name, g.kernels[-1]) for g in schedule.groups for k in g.kernels}
         self.suffix = ".data_ptr()" if schedule.caps.pass_pointers else ""
         self.externs = []               # ops and odd constants the wrapper refers to
         self.lines = []
@@ -125,8 +125,7 @@ class WrapperCode:
 
     def _kernel_lines(self, step: FusedKernel, call: str | None, pool: dict, outputs: set) -> list:
         """The buffers a kernel writes, allocated; the call of the kernel (or of its group)."""
-        lines = [self._alloc(n, pool, outputs) for n in step.nodes
-                 if n.name not in step.local and n.name not in step.scratch and not n.mutates]
+        lines = [self._alloc(n, pool, outputs) for n in step.nodes if step.in_memory(n.name) and not n.mutates]
         if call:
             ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
             lines.append(f"{call}({ptrs})")

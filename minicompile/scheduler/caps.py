@@ -19,3 +19,4 @@ class BackendCaps:
     # (kernel, buffers by name, storage of mutations, sources) -> the plan of where each of its
     # values is computed (codegen/cpp_plan.py), kept on the kernel and printed with the schedule
     plan: Callable | None = None
+    horizontal: bool = False  # independent kernels can run as one call, one parallel region (scheduler/groups.py)

@@ -7,6 +7,7 @@ reads from (or shares an input with) when the loops can be laid out together
 (scheduler/kernel.py), every in-kernel read is of an element the same loop iteration wrote,
 and fusing cannot create a cycle through a buffer outside the kernel. Every producer ->
 consumer edge that ends up split across kernels keeps the reason, for ``explain`` and the CLI.
+Last, runs of independent kernels become horizontal groups (scheduler/groups.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from minicompile.ir.expr import Expr, symbols_of
 from minicompile.ir.graph import LoopGraph, recorded_body
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
 from minicompile.scheduler.caps import BackendCaps
+from minicompile.scheduler.groups import horizontal_groups
 from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, split_loops
 
 
@@ -47,6 +49,7 @@ class Schedule:
     steps: list                        # FusedKernel | ExternStep, in execution order
     caps: BackendCaps                  # what the plan assumed the code generator can do
     decisions: list = field(default_factory=list)
+    groups: list = field(default_factory=list)   # HorizontalGroup (scheduler/groups.py)
 
     @property
     def kernels(self) -> list:
@@ -66,6 +69,9 @@ class Schedule:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
                     lines.append(f"{b.name}: extern {b.op} <- FX {', '.join(b.origins)}  [{b.reason}]")
+        if self.groups:
+            lines.append("horizontal groups:")
+            lines += [f"    {g.name}: one call, no barrier between {', '.join(g.kernels)}" for g in self.groups]
         unfused = [d for d in self.decisions if not d.fused]
         if unfused:
             lines.append("not fused:")
@@ -144,7 +150,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
                 decisions.append(Decision(d, b.name, True))
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
-    return Schedule(steps, caps, decisions)
+    return Schedule(steps, caps, decisions, horizontal_groups(steps, graph, caps))
 
 
 def _dependencies(graph: LoopGraph, reads: dict) -> dict:

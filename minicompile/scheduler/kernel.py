@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value
-from minicompile.ir.nodes import ComputedBuffer, Reduction, is_static, prod
+import torch
+
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value, symbols_of
+from minicompile.ir.nodes import Buffer, ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
 
@@ -84,7 +86,7 @@ class FusedKernel:
     def __post_init__(self):
         self.outer_vars = [Var(f"x{k}", s) for k, s in enumerate(self.outer_ranges)]
         self.inner_vars = [Var(f"r{k}", s) for k, s in enumerate(self.inner_ranges)]
-        self._reads: dict = {}   # reads(): (node name, direct, level) -> reads of that node
+        self._reads: dict = {}   # (node name, direct, level) -> its body's RecordOps
 
     @property
     def is_reduction(self) -> bool:
@@ -114,20 +116,36 @@ class FusedKernel:
         index, _ = self.node_index(node)
         return node.store_index(index)
 
+    def in_memory(self, name: str) -> bool:
+        """Whether the kernel reads or writes ``name`` in memory (not in registers or a row)."""
+        return name not in self.local and name not in self.scratch
+
     def reads(self, node: ComputedBuffer) -> list:
         """What ``node``'s body reads, at which index (computed once per kernel, node and level:
         planning and code generation ask again and again, and each time ran the whole body)."""
+        return self._recorded(node).reads
+
+    def _recorded(self, node: ComputedBuffer) -> RecordOps:
         key = (node.name, self.direct, self.level.get(node.name))
-        cached = self._reads.get(key)
-        if cached is None:
-            rec = RecordOps()
-            index, rindex = self.node_index(node)
+        rec = self._reads.get(key)
+        if rec is None:
+            rec, (index, rindex) = RecordOps(), self.node_index(node)
             if isinstance(node.data, Reduction):
                 node.data.body(rec, index, rindex)
             else:
                 node.data.body(rec, index)
-            cached = self._reads[key] = rec.reads
-        return cached
+            self._reads[key] = rec
+        return rec
+
+    def named_symbols(self) -> set:
+        """The size symbols the kernel's code names, which it takes as arguments (either backend):
+        those of its loops, of the indices it stores at and loads from memory at (a value kept
+        in registers or a row is read without an index) and of the index expressions it computes."""
+        exprs = [*self.outer_ranges, *self.inner_ranges]
+        for n in self.nodes:
+            exprs += [self.store_index(n)] if self.in_memory(n.name) else []
+            exprs += [r.index for r in self.reads(n) if self.in_memory(r.name)] + self._recorded(n).exprs
+        return set().union(*map(symbols_of, exprs))
 
     def all_indices(self) -> list:
         out = []
@@ -135,6 +153,36 @@ class FusedKernel:
             out.append(self.store_index(n))
             out.extend(r.index for r in self.reads(n))
         return out
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One buffer a kernel reads or writes in memory (not one kept in registers or a row)."""
+    name: str        # the argument: the buffer's storage name (a mutated input's, for in-place writes)
+    buffer: Buffer   # the first buffer seen under that name: its dtype and shape describe the argument
+    read: bool
+    written: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.dtype
+
+    def describe(self) -> str:
+        """``in: float32[64, 1000]``, the comment beside the argument in either language."""
+        role = "in/out" if self.read and self.written else "out" if self.written else "in"
+        return f"{role}: {str(self.dtype).replace('torch.', '')}{list(self.buffer.layout.size)}"
+
+
+def kernel_args(kernel, buffers: dict, storage: dict) -> list[KernelArg]:
+    """Every buffer ``kernel`` touches in memory, in first-use order (the call order)."""
+    seen: dict = {}  # argument name -> [buffer, read, written]
+    for n in kernel.nodes:
+        for r in kernel.reads(n):
+            if kernel.in_memory(r.name):
+                seen.setdefault(storage.get(r.name, r.name), [buffers[r.name], False, False])[1] = True
+        if kernel.in_memory(n.name):
+            seen.setdefault(storage.get(n.name, n.name), [n, False, False])[2] = True
+    return [KernelArg(name, b, read, written) for name, (b, read, written) in seen.items()]
 
 
 def nonlinear_count(exprs) -> int:

@@ -195,7 +195,7 @@ class SteppedRun:
         self.compiled = compiled
         self.wide = wide  # float64 values of the FX nodes: a difference within rounding is not reported
         kernels = compiled.code.kernels
-        self.wrapper = WrapperCode(compiled.loop_graph, compiled.schedule, kernels.kernel_args, kernels.groups,
+        self.wrapper = WrapperCode(compiled.loop_graph, compiled.schedule, kernels.kernel_args,
                                    compiled.aten.prepared, reuse_memory=False)
         source = self.wrapper.generate()
         self.ns: dict = {}
@@ -206,7 +206,7 @@ class SteppedRun:
         self._exec(self.wrapper.prologue, "prologue")
         self.by_name = compiled.loop_graph.by_name
         self.kernels = {k.name: k for k in compiled.schedule.kernels}
-        self.groups = kernels.groups or {}
+        self.groups = {g.name: g.kernels for g in compiled.schedule.groups}
 
     def first_difference(self, eager: dict, feed: bool) -> str | None:
         """The first step whose results differ from eager's, described; None when none does."""
@@ -242,8 +242,7 @@ class SteppedRun:
         if call is None:  # a group's kernel before its last: the group is called later
             return []
         members = [self.kernels[k] for k in self.groups.get(call, [call])]
-        return [(k, n) for k in members for n in k.nodes
-                if n.name not in k.local and n.name not in k.scratch and not n.mutates]
+        return [(k, n) for k in members for n in k.nodes if k.in_memory(n.name) and not n.mutates]
 
     def _reads(self, step) -> list:
         if not isinstance(step, FusedKernel):

@@ -19,3 +19,6 @@ class BackendCaps:
     # (kernel, buffers by name, storage of mutations, sources) -> the plan of where each of its
     # values is computed (codegen/cpp_plan.py), kept on the kernel and printed with the schedule
     plan: Callable | None = None
+    # whole kernels the backend generates for one op (lowering/flex.py: "flex_attention"); the
+    # scheduler gives each a step of its own (TemplateKernel)
+    templates: frozenset = frozenset()

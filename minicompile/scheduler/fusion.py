@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.config import config
 from minicompile.ir.expr import Expr, symbols_of
+from minicompile.ir.flex import FlexAttention, FlexStat
 from minicompile.ir.graph import LoopGraph, recorded_body
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
 from minicompile.scheduler.caps import BackendCaps
@@ -32,6 +33,19 @@ class ExternStep:
     @property
     def name(self):
         return self.buffer.name
+
+
+@dataclass
+class TemplateKernel:
+    """A kernel the backend generates whole for one op (flex_attention's fused attention, ir/flex.py):
+    it writes ``buffer`` and the buffers listed in ``outputs`` after it."""
+    name: str
+    buffer: FlexAttention
+    reads: frozenset
+
+    @property
+    def outputs(self) -> list:
+        return [self.buffer, *self.buffer.stats]
 
 
 @dataclass
@@ -52,6 +66,10 @@ class Schedule:
     def kernels(self) -> list:
         return [s for s in self.steps if isinstance(s, FusedKernel)]
 
+    @property
+    def templates(self) -> list:
+        return [s for s in self.steps if isinstance(s, TemplateKernel)]
+
     def __str__(self) -> str:
         lines = []
         for s in self.steps:
@@ -62,6 +80,9 @@ class Schedule:
                 for n in s.nodes:
                     where = "local" if n.name in s.local else "row scratch" if n.name in s.scratch else "stored"
                     lines.append(f"    {n.name} ({s.level[n.name]}, {where}) <- FX {', '.join(n.origins)}")
+            elif isinstance(s, TemplateKernel):
+                lines.append(f"{s.name}: fused flex_attention kernel, writes {', '.join(b.name for b in s.outputs)} "
+                             f"<- FX {', '.join(s.buffer.origins)}")
             else:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
@@ -225,6 +246,12 @@ def _steps(order: list, graph: LoopGraph, reads: dict, deps: dict, caps: Backend
     steps, externs = [], 0
     by_name, mutations = (graph.by_name, graph.mutations) if caps.plan else ({}, {})
     for g in order:
+        if isinstance(g.nodes[0], FlexStat):   # written by its FlexAttention's kernel
+            continue
+        if isinstance(g.nodes[0], FlexAttention):
+            steps.append(TemplateKernel(f"kernel{len(steps) - externs}_flex_attention", g.nodes[0],
+                                        reads[g.nodes[0].name]))
+            continue
         if g.is_extern:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
             externs += 1

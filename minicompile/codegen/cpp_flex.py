@@ -27,6 +27,11 @@ from minicompile.ir.flex import SCORE, FlexAttention
 from minicompile.ir.nodes import StorageView
 
 ROW_TILE = 32   # query rows a thread takes at once (a divisor of the block mask's query block)
+KEY_TILE = 128  # keys scored at once: a block mask's key block (a default mask's is one block of 2**30) in tiles
+
+
+def key_tile(kv_block: int) -> int:
+    return min(kv_block, KEY_TILE)
 
 
 def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[str, list]:
@@ -54,7 +59,7 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
     lines = _header(name, buf, sources) + [f'extern "C" void {name}(']
     lines += [f"    {p}{',' if i < len(params) - 1 else ''}" for i, p in enumerate(params)]
     lines += [")", "{",
-              f"    constexpr int64_t RT = {rt}, KB = {buf.kv_block}, D = {D}, DV = {DV}, G = {HQ // HK};",
+              f"    constexpr int64_t RT = {rt}, KB = {key_tile(buf.kv_block)}, KVBLOCK = {buf.kv_block}, D = {D}, DV = {DV}, G = {HQ // HK};",
               f"    constexpr float SCALE = {_float(buf.scale)}, INV_LN2 = 1.4426950408889634f;"]
     if parallel:
         lines.append("    " + parallel)
@@ -96,11 +101,13 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         f"// {'partial blocks: the mask applies' if masked else 'full blocks: every position kept'}",
         f"for (int64_t i = 0; i < {counts.buffer.name}[{_at(counts, [mb, mh, 'qblock'])}]; ++i)",
         "{",
-        f"    const int64_t k0 = static_cast<int64_t>({indices.buffer.name}[{_at(indices, [mb, mh, 'qblock', 'i'])}]) * KB;",
-        f"    if (k0 < 0 || k0 >= {k.size[2]}) continue;",
-        f"    const int64_t cols = std::min<int64_t>(KB, {k.size[2]} - k0);",
+        f"    const int64_t k0 = static_cast<int64_t>({indices.buffer.name}[{_at(indices, [mb, mh, 'qblock', 'i'])}]) * KVBLOCK;",
+        f"    const int64_t kend = std::min<int64_t>(k0 + KVBLOCK, {k.size[2]});",
+        "    for (int64_t kc = std::max<int64_t>(k0, 0); kc < kend; kc += KB)   // the block in tiles of KB keys",
+        "    {",
+        "    const int64_t cols = std::min<int64_t>(KB, kend - kc);",
         "    for (int64_t j = 0; j < cols; ++j)",
-        f"        for (int64_t d = 0; d < D; ++d) kt[d][j] = {k.buffer.name}[{_at(k, [kb, 'hk', 'k0 + j', 'd'])}];",
+        f"        for (int64_t d = 0; d < D; ++d) kt[d][j] = {k.buffer.name}[{_at(k, [kb, 'hk', 'kc + j', 'd'])}];",
         "    for (int64_t r = 0; r < rows; ++r)",
         "    {",
         "        float* sr = s[r];",
@@ -116,7 +123,7 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         "        #pragma omp simd",
         "        for (int64_t j = 0; j < cols; ++j)",
         "        {",
-        "            const int64_t kv_idx = k0 + j;",
+        "            const int64_t kv_idx = kc + j;",
         "            (void)kv_idx;",
         f"            const float {SCORE} = sr[j] * SCALE;",
         *("            " + ln for ln in mods),
@@ -139,10 +146,11 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         "        for (int64_t j = 0; j < cols; ++j)",
         "        {",
         "            const float p = sr[j];",
-        f"            const float* vr = {v.buffer.name} + ({_at(v, [kb, 'hk', 'k0 + j', None])});",
+        f"            const float* vr = {v.buffer.name} + ({_at(v, [kb, 'hk', 'kc + j', None])});",
         "            #pragma omp simd",
         f"            for (int64_t d = 0; d < DV; ++d) ar[d] += p * vr[d * {v.stride[3]}];",
         "        }",
+        "    }",
         "    }",
         "}",
     ]

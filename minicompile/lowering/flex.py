@@ -84,8 +84,9 @@ def _check(lw, metas, block_mask, kernel_options) -> None:
     q_block, kv_block = block_mask[14], block_mask[15]
     if not (isinstance(q_block, int) and isinstance(kv_block, int)) or q_block <= 0 or kv_block <= 0:
         raise Unsupported("the block mask's BLOCK_SIZE is not a pair of numbers")
-    if D * kv_block + 32 * (kv_block + DV) > SCRATCH_LIMIT:
-        raise Unsupported(f"key blocks of {kv_block} with head size {D} need more scratch than a thread's stack")
+    tile = min(kv_block, 128)   # codegen/cpp_flex.py's KEY_TILE
+    if D * tile + 32 * (tile + DV) > SCRATCH_LIMIT:
+        raise Unsupported(f"head size {D} needs more scratch than a thread's stack")
     for counts, indices in (block_mask[2:4], block_mask[4:6]):
         if counts is None:
             continue

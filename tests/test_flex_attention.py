@@ -1,0 +1,121 @@
+"""flex_attention compiled to one fused C++ kernel (lowering/flex.py, codegen/cpp_flex.py).
+
+Each test compiles a flex_attention call with torch.compile(backend="minicompile"), compares it
+with eager's flex_attention (the unfused math: the whole score matrix, exact), and reads the
+compiled graph's schedule: one fused attention kernel, no extern flex_attention call. What the
+kernel does not cover stays the eager call, with its reason.
+"""
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from minicompile.config import patch
+from minicompile.pipeline import CompiledGraph
+from tests.helpers import assert_matches_eager, compile_with_dynamo
+
+B, H, L, D = 2, 4, 96, 16
+SLOPES = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32))   # ALiBi: one slope per head
+BIAS = torch.randn(H, 2 * L - 1, generator=torch.Generator().manual_seed(7))   # relative position table
+
+
+def alibi(score, b, h, q_idx, kv_idx):
+    return score + SLOPES[h] * (kv_idx - q_idx)
+
+
+def relative_bias(score, b, h, q_idx, kv_idx):
+    return score + BIAS[h, q_idx - kv_idx + L - 1]
+
+
+def soft_cap(score, b, h, q_idx, kv_idx):
+    return 30 * torch.tanh(score / 30)
+
+
+def causal_score(score, b, h, q_idx, kv_idx):
+    return torch.where(q_idx >= kv_idx, score, -float("inf"))
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def sliding_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= 24)
+
+
+def qkv(heads_kv=H, lq=L, lk=L, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, lq, D, generator=g), torch.randn(B, heads_kv, lk, D, generator=g),
+            torch.randn(B, heads_kv, lk, D, generator=g))
+
+
+def compiled_once(fn, *inputs, atol=2e-5, rtol=1e-5) -> CompiledGraph:
+    """``fn`` compiled and run once against eager; the one graph it compiled to."""
+    out, graphs = compile_with_dynamo(fn, *inputs)
+    assert_matches_eager(out, fn(*inputs), atol=atol, rtol=rtol)
+    assert len(graphs) == 1 and isinstance(graphs[0], CompiledGraph), graphs
+    return graphs[0]
+
+
+def assert_one_fused_kernel(graph: CompiledGraph) -> None:
+    assert len(graph.schedule.templates) == 1, graph.explain()
+    assert not [e for e in graph.externs if "flex" in e.op], graph.explain()
+    assert graph.explain().count("fused flex_attention kernel") == 1
+    assert "kernel0_flex_attention" in graph.kernel_source or "_flex_attention(" in graph.kernel_source
+
+
+@pytest.mark.parametrize("score_mod,mask_mod", [(alibi, causal), (relative_bias, sliding_window),
+                                                (soft_cap, causal), (causal_score, None)],
+                         ids=["alibi-causal", "relative_bias-sliding_window", "soft_cap-causal", "causal_score"])
+def test_score_mods_and_block_masks_match_eager(score_mod, mask_mod):
+    mask = create_block_mask(mask_mod, B, H, L, L, device="cpu", BLOCK_SIZE=32) if mask_mod else None
+    graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=score_mod, block_mask=mask), *qkv())
+    assert_one_fused_kernel(graph)
+
+
+def test_grouped_query_attention_with_sliding_window_and_lse():
+    mask = create_block_mask(sliding_window, 1, 1, L, L, device="cpu", BLOCK_SIZE=16)   # broadcast over b, h
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=alibi, block_mask=mask, enable_gqa=True, return_lse=True, scale=0.3)
+    graph = compiled_once(fn, *qkv(heads_kv=2))
+    assert_one_fused_kernel(graph)
+
+
+def test_lengths_not_multiples_of_the_blocks_and_rows_fully_masked():
+    """Queries 40, keys 72 in blocks of 16; rows below 8 see no key: output 0 and logsumexp -inf, as eager."""
+    def late_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx >= 8)
+    mask = create_block_mask(late_causal, B, 1, 40, 72, device="cpu", BLOCK_SIZE=16)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=soft_cap, block_mask=mask, return_lse=True)
+    graph = compiled_once(fn, *qkv(lq=40, lk=72))
+    assert_one_fused_kernel(graph)
+    out, lse = graph_outputs = torch.compile(fn, backend="minicompile")(*qkv(lq=40, lk=72))
+    assert graph_outputs and (out[:, :, :8] == 0).all() and torch.isneginf(lse[:, :, :8]).all()
+
+
+def test_the_kernel_skips_blocks_the_mask_leaves_out():
+    """A block mask with no partial blocks for the first query block: nothing of it is read; the
+    kernel's loops run over the block lists, so eager's values come from the listed blocks only."""
+    mask = create_block_mask(causal, 1, 1, L, L, device="cpu", BLOCK_SIZE=32)
+    graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, block_mask=mask), *qkv())
+    assert "kv_num_blocks" not in graph.kernel_source   # block counts are read from the tensors, not baked in
+    assert "for (int64_t i = 0; i <" in graph.kernel_source
+
+
+def test_float64_stays_the_eager_call_with_its_reason():
+    q, k, v = (t.double() for t in qkv())
+    graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap), q, k, v, atol=1e-10)
+    assert not graph.schedule.templates
+    (extern,) = [e for e in graph.externs if "flex" in e.op]
+    assert "float32" in extern.reason
+
+
+def test_the_triton_code_generator_keeps_the_eager_call():
+    """The fused kernel is generated for C++ only: another backend keeps the extern call, with why."""
+    pytest.importorskip("triton")
+    with patch(cpu_backend="triton"):
+        graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap), *qkv())
+    assert not graph.schedule.templates
+    assert any("no fused flex_attention kernel" in e.reason for e in graph.externs)

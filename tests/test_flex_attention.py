@@ -5,13 +5,17 @@ with eager's flex_attention (the unfused math: the whole score matrix, exact), a
 compiled graph's schedule: one fused attention kernel, no extern flex_attention call. What the
 kernel does not cover stays the eager call, with its reason.
 """
+import logging
+import re
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from minicompile.config import patch
+from minicompile.lowering import LOWERINGS
 from minicompile.pipeline import CompiledGraph
-from tests.helpers import assert_matches_eager, compile_with_dynamo
+from tests.helpers import Recorder, assert_matches_eager, compile_with_dynamo
 
 B, H, L, D = 2, 4, 96, 16
 SLOPES = torch.exp2(-torch.arange(1, H + 1, dtype=torch.float32))   # ALiBi: one slope per head
@@ -119,3 +123,39 @@ def test_the_triton_code_generator_keeps_the_eager_call():
         graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap), *qkv())
     assert not graph.schedule.templates
     assert any("no fused flex_attention kernel" in e.reason for e in graph.externs)
+
+
+def test_symbolic_sizes_stay_the_eager_call_with_its_reason():
+    mask = create_block_mask(causal, 1, 1, L, L, device="cpu", BLOCK_SIZE=32)
+    fn = lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap, block_mask=mask)  # noqa: E731
+    record = Recorder()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(fn, backend=record, dynamic=True)
+        assert_matches_eager(compiled(*qkv()), fn(*qkv()), atol=2e-5)
+    graphs = [g for g in record.graphs if isinstance(g, CompiledGraph)]
+    assert graphs and not any(g.schedule.templates for g in graphs)
+    assert any("symbolic sizes" in e.reason for g in graphs for e in g.externs)
+
+
+def test_backward_raises_as_eager_does():
+    """torch's flex_attention has no backward on the CPU: compiled, the call raises the same error."""
+    q, k, v = (t.requires_grad_() for t in qkv())
+    fn = lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        fn(q, k, v)
+    torch._dynamo.reset()
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        torch.compile(fn, backend="minicompile")(q, k, v)
+
+
+def test_check_names_the_flex_kernel_when_a_mod_is_lowered_wrongly(monkeypatch, caplog):
+    """MINICOMPILE_CHECK=1 localises a wrong fused kernel: here tanh, in the soft-cap, lowered as cos."""
+    monkeypatch.setitem(LOWERINGS, torch.ops.aten.tanh.default, LOWERINGS[torch.ops.aten.cos.default])
+    mask = create_block_mask(causal, 1, 1, L, L, device="cpu", BLOCK_SIZE=32)
+    fn = lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap, block_mask=mask)  # noqa: E731
+    torch._dynamo.reset()
+    with patch(check=True), caplog.at_level(logging.WARNING, logger="minicompile"), torch.no_grad():
+        torch.compile(fn, backend="minicompile")(*qkv())
+    reports = [r.getMessage() for r in caplog.records if "minicompile check" in r.getMessage()]
+    assert len(reports) == 1 and re.search(r"kernel kernel\d+_flex_attention", reports[0]), reports

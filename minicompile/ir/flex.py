@@ -48,6 +48,8 @@ class FlexAttention(Buffer):
     kv_block: int = 128                    # keys per block index
     stats: list = field(default_factory=list)   # FlexStat: logsumexp, max (base 2)
 
+    path = (0,)   # the op's result this buffer is (the output), as a MultiOutput's path
+
     def views(self) -> list:
         """Every StorageView the kernel reads."""
         return [self.query, self.key, self.value, *self.partial, *self.full, *self.captured]
@@ -58,3 +60,8 @@ class FlexStat(Buffer):
     """A per-row statistic [B, Hq, Lq] the FlexAttention kernel writes beside its output."""
     parent: Optional[FlexAttention] = None
     which: str = ""                        # "lse" | "max"
+
+    @property
+    def path(self) -> tuple:
+        """The op's result this buffer is, as a MultiOutput's path: (out, lse, max)."""
+        return (1,) if self.which == "lse" else (2,)

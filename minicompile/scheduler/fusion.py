@@ -161,7 +161,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     for b in buffers:
         for d in sorted(deps[b.name]):
             gp, gc = group_of[d], group_of[b.name]
-            if gp is gc:
+            if gp is gc or (isinstance(b, FlexStat) and b.parent.name == d):   # one kernel writes both
                 decisions.append(Decision(d, b.name, True))
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
@@ -419,6 +419,9 @@ def _kernel_name(k, nodes) -> str:
 
 
 def _edge_reason(gp, gc, consumer, failures) -> str:
+    for g, role in ((gp, "producer"), (gc, "consumer")):
+        if isinstance(g.nodes[0], (FlexAttention, FlexStat)):
+            return f"{role} is flex_attention's fused kernel, generated whole"
     if gp.is_extern:
         return "producer is an extern call"
     if gc.is_extern:

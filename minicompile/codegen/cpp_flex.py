@@ -27,7 +27,12 @@ from minicompile.ir.flex import SCORE, FlexAttention
 from minicompile.ir.nodes import StorageView
 
 ROW_TILE = 32   # query rows a thread takes at once (a divisor of the block mask's query block)
+MICRO_ROWS, MICRO_COLS = 4, 16   # a register tile of the two products: 8 AVX2 vectors of sums (rows padded to 4)
 KEY_TILE = 128  # keys scored at once: a block mask's key block (a default mask's is one block of 2**30) in tiles
+
+
+def _padded(n: int) -> int:
+    return -(-n // MICRO_COLS) * MICRO_COLS
 
 
 def key_tile(kv_block: int) -> int:
@@ -60,6 +65,8 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
     lines += [f"    {p}{',' if i < len(params) - 1 else ''}" for i, p in enumerate(params)]
     lines += [")", "{",
               f"    constexpr int64_t RT = {rt}, KB = {key_tile(buf.kv_block)}, KVBLOCK = {buf.kv_block}, D = {D}, DV = {DV}, G = {HQ // HK};",
+              f"    constexpr int64_t KBP = {_padded(key_tile(buf.kv_block))}, DVP = {_padded(DV)}, MR = {MICRO_ROWS}, NC = {MICRO_COLS};",
+              "    constexpr int64_t RTP = (RT + MR - 1) / MR * MR;  // row tiles padded to whole register tiles",
               f"    constexpr float SCALE = {_float(buf.scale)}, INV_LN2 = 1.4426950408889634f;"]
     if parallel:
         lines.append("    " + parallel)
@@ -69,9 +76,16 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
               "    {",
               f"        const int64_t rows = std::min<int64_t>(RT, {LQ} - q0), qblock = q0 / {buf.q_block}, hk = h / G;",
               "        (void)hk;",
-              "        alignas(64) float s[RT][KB], kt[D][KB], acc[RT][DV];",
-              "        float m[RT], l[RT];",
-              "        for (int64_t r = 0; r < RT; ++r) { m[r] = -INFINITY; l[r] = 0.0f; for (int64_t d = 0; d < DV; ++d) acc[r][d] = 0.0f; }"]
+              "        // scratch: scores, the query rows, a key block transposed and a value block (both zero-padded)",
+              "        alignas(64) float s[RTP][KBP], qs[RTP][D], kt[D][KBP], vb[KBP][DVP], acc[RTP][DVP];",
+              "        float m[RTP], l[RTP];",
+              "        for (int64_t r = 0; r < RTP; ++r)",
+              "        {",
+              "            m[r] = -INFINITY; l[r] = 0.0f;",
+              "            for (int64_t d = 0; d < DVP; ++d) acc[r][d] = 0.0f;",
+              f"            for (int64_t d = 0; d < D; ++d) qs[r][d] = r < rows ? {q.buffer.name}[{_at(q, ['b', 'h', 'q0 + r', 'd'])}] : 0.0f;",
+              "        }",
+              "        for (int64_t j = 0; j < KBP; ++j) { for (int64_t d = 0; d < D; ++d) kt[d][j] = 0.0f; for (int64_t d = 0; d < DVP; ++d) vb[j][d] = 0.0f; }"]
     for (counts, indices), masked in passes:
         lines += ["        " + ln for ln in _block_pass(buf, counts, indices, masked, score_lines, score,
                                                          mask_lines, mask, kb)]
@@ -107,17 +121,33 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         "    {",
         "    const int64_t cols = std::min<int64_t>(KB, kend - kc);",
         "    for (int64_t j = 0; j < cols; ++j)",
+        "    {",
         f"        for (int64_t d = 0; d < D; ++d) kt[d][j] = {k.buffer.name}[{_at(k, [kb, 'hk', 'kc + j', 'd'])}];",
+        f"        for (int64_t d = 0; d < DV; ++d) vb[j][d] = {v.buffer.name}[{_at(v, [kb, 'hk', 'kc + j', 'd'])}];",
+        "    }",
+        "    for (int64_t j = cols; j < KBP; ++j) { for (int64_t d = 0; d < D; ++d) kt[d][j] = 0.0f; for (int64_t d = 0; d < DV; ++d) vb[j][d] = 0.0f; }",
+        "    // s = q k^T: MR rows x NC keys held in registers over the head dimension",
+        "    for (int64_t r0 = 0; r0 < rows; r0 += MR)",
+        "    for (int64_t j0 = 0; j0 < cols; j0 += NC)",
+        "    {",
+        "        float c[MR][NC] = {};",
+        "        for (int64_t d = 0; d < D; ++d)",
+        "        {",
+        "            const float* kd = kt[d] + j0;",
+        "            #pragma GCC unroll 8",
+        "            for (int64_t i = 0; i < MR; ++i)",
+        "            {",
+        "                const float qv = qs[r0 + i][d];",
+        "                #pragma omp simd",
+        "                for (int64_t jj = 0; jj < NC; ++jj) c[i][jj] = MC_FMA(qv, kd[jj], c[i][jj]);",
+        "            }",
+        "        }",
+        "        for (int64_t i = 0; i < MR; ++i)",
+        "            for (int64_t jj = 0; jj < NC; ++jj) s[r0 + i][j0 + jj] = c[i][jj];",
+        "    }",
         "    for (int64_t r = 0; r < rows; ++r)",
         "    {",
         "        float* sr = s[r];",
-        "        for (int64_t j = 0; j < cols; ++j) sr[j] = 0.0f;",
-        "        for (int64_t d = 0; d < D; ++d)",
-        "        {",
-        f"            const float qd = {q.buffer.name}[{_at(q, ['b', 'h', 'q0 + r', 'd'])}];",
-        "            #pragma omp simd",
-        "            for (int64_t j = 0; j < cols; ++j) sr[j] += qd * kt[d][j];",
-        "        }",
         "        const int64_t q_idx = q0 + r;",
         "        (void)q_idx;",
         "        #pragma omp simd",
@@ -133,23 +163,37 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         "        #pragma omp simd reduction(max:bmax)",
         "        for (int64_t j = 0; j < cols; ++j) bmax = std::max(bmax, sr[j]);",
         "        const float mnew = std::max(m[r], bmax);",
-        "        if (mnew == -INFINITY) continue;  // every key so far masked",
+        "        if (mnew == -INFINITY) { for (int64_t j = 0; j < KBP; ++j) sr[j] = 0.0f; continue; }  // every key so far masked",
         "        const float corr = mc_exp(m[r] - mnew);",
         "        float sum = 0.0f;",
         "        #pragma omp simd reduction(+:sum)",
         "        for (int64_t j = 0; j < cols; ++j) { const float p = mc_exp(sr[j] - mnew); sr[j] = p; sum += p; }",
+        "        for (int64_t j = cols; j < KBP; ++j) sr[j] = 0.0f;",
         "        l[r] = l[r] * corr + sum;",
         "        m[r] = mnew;",
-        "        float* ar = acc[r];",
         "        #pragma omp simd",
-        "        for (int64_t d = 0; d < DV; ++d) ar[d] *= corr;",
+        "        for (int64_t d = 0; d < DVP; ++d) acc[r][d] *= corr;",
+        "    }",
+        "    // acc += p v: MR rows x NC of the value dimension held in registers over the keys",
+        "    for (int64_t r0 = 0; r0 < rows; r0 += MR)",
+        "    for (int64_t d0 = 0; d0 < DVP; d0 += NC)",
+        "    {",
+        "        float c[MR][NC];",
+        "        for (int64_t i = 0; i < MR; ++i)",
+        "            for (int64_t dd = 0; dd < NC; ++dd) c[i][dd] = acc[r0 + i][d0 + dd];",
         "        for (int64_t j = 0; j < cols; ++j)",
         "        {",
-        "            const float p = sr[j];",
-        f"            const float* vr = {v.buffer.name} + ({_at(v, [kb, 'hk', 'kc + j', None])});",
-        "            #pragma omp simd",
-        f"            for (int64_t d = 0; d < DV; ++d) ar[d] += p * vr[d * {v.stride[3]}];",
+        "            const float* vj = vb[j] + d0;",
+        "            #pragma GCC unroll 8",
+        "            for (int64_t i = 0; i < MR; ++i)",
+        "            {",
+        "                const float p = s[r0 + i][j];",
+        "                #pragma omp simd",
+        "                for (int64_t dd = 0; dd < NC; ++dd) c[i][dd] = MC_FMA(p, vj[dd], c[i][dd]);",
+        "            }",
         "        }",
+        "        for (int64_t i = 0; i < MR; ++i)",
+        "            for (int64_t dd = 0; dd < NC; ++dd) acc[r0 + i][d0 + dd] = c[i][dd];",
         "    }",
         "    }",
         "}",

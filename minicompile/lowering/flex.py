@@ -31,8 +31,9 @@ aten = torch.ops.aten
 # backward writes, and the tile sizes of other backends' kernels. Any other option keeps the eager op.
 NEUTRAL_OPTIONS = {"PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ", "OUTPUT_LOGSUMEXP",
                    "OUTPUT_MAX", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "FORCE_USE_FLEX_ATTENTION"}
-# Floats a thread keeps on its stack per tile: the scores of 32 rows, a transposed key block, 32 sums.
-SCRATCH_LIMIT = 65536
+# Floats a thread keeps on its stack per tile (codegen/cpp_flex.py): the scores and query rows of 32
+# rows, a key block transposed and a value block (of 128 keys), 32 rows of sums.
+SCRATCH_LIMIT = 131072
 # Integer ops on the position arguments that stay index expressions (a table read at q_idx - kv_idx).
 INDEX_ARITHMETIC = {aten.add.Tensor: operator.add, aten.sub.Tensor: operator.sub, aten.mul.Tensor: operator.mul,
                     aten.add.Scalar: operator.add, aten.sub.Scalar: operator.sub, aten.mul.Scalar: operator.mul}
@@ -85,7 +86,7 @@ def _check(lw, metas, block_mask, kernel_options) -> None:
     if not (isinstance(q_block, int) and isinstance(kv_block, int)) or q_block <= 0 or kv_block <= 0:
         raise Unsupported("the block mask's BLOCK_SIZE is not a pair of numbers")
     tile = min(kv_block, 128)   # codegen/cpp_flex.py's KEY_TILE
-    if D * tile + 32 * (tile + DV) > SCRATCH_LIMIT:
+    if D * tile + tile * (DV + 15) + 32 * (tile + D + DV + 15) > SCRATCH_LIMIT:
         raise Unsupported(f"head size {D} needs more scratch than a thread's stack")
     for counts, indices in (block_mask[2:4], block_mask[4:6]):
         if counts is None:

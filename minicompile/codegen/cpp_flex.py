@@ -106,7 +106,6 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
 def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, score_lines, score, mask_lines,
                 mask, kb) -> list:
     """The walk over one kind of key block (partial: with the mask; full: without)."""
-    q, k, v = buf.query, buf.key, buf.value
     mb = "b" if counts.size[0] > 1 else None
     mh = "h" if counts.size[1] > 1 else None
     value = f"({mask}) ? {score} : -INFINITY" if masked else f"{score}"
@@ -116,9 +115,20 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         f"for (int64_t i = 0; i < {counts.buffer.name}[{_at(counts, [mb, mh, 'qblock'])}]; ++i)",
         "{",
         f"    const int64_t k0 = static_cast<int64_t>({indices.buffer.name}[{_at(indices, [mb, mh, 'qblock', 'i'])}]) * KVBLOCK;",
-        f"    const int64_t kend = std::min<int64_t>(k0 + KVBLOCK, {k.size[2]});",
+        f"    const int64_t kend = std::min<int64_t>(k0 + KVBLOCK, {buf.key.size[2]});",
         "    for (int64_t kc = std::max<int64_t>(k0, 0); kc < kend; kc += KB)   // the block in tiles of KB keys",
         "    {",
+    ] + ["    " + ln for ln in _key_tile(buf, value, mods, kb)] + [
+        "    }",
+        "}",
+    ]
+
+
+def _key_tile(buf, value: str, mods: list, kb) -> list:
+    """One tile of at most KB keys: scores, mods and mask (``mods`` computing ``value``), the online
+    softmax, the value product. ``kb``: the key's batch index (None where key and value broadcast)."""
+    k, v = buf.key, buf.value
+    return [
         "    const int64_t cols = std::min<int64_t>(KB, kend - kc);",
         "    for (int64_t j = 0; j < cols; ++j)",
         "    {",
@@ -195,8 +205,6 @@ def _block_pass(buf, counts: StorageView, indices: StorageView, masked: bool, sc
         "        for (int64_t i = 0; i < MR; ++i)",
         "            for (int64_t dd = 0; dd < NC; ++dd) acc[r0 + i][d0 + dd] = c[i][dd];",
         "    }",
-        "    }",
-        "}",
     ]
 
 

@@ -184,6 +184,11 @@ def _key_tile(buf, value: str, mods: list, kb) -> list:
         "        #pragma omp simd",
         "        for (int64_t d = 0; d < DVP; ++d) acc[r][d] *= corr;",
         "    }",
+    ] + _value_product()
+
+
+def _value_product() -> list:
+    return [
         "    // acc += p v: MR rows x NC of the value dimension held in registers over the keys",
         "    for (int64_t r0 = 0; r0 < rows; r0 += MR)",
         "    for (int64_t d0 = 0; d0 < DVP; d0 += NC)",

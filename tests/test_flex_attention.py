@@ -159,3 +159,42 @@ def test_check_names_the_flex_kernel_when_a_mod_is_lowered_wrongly(monkeypatch, 
         torch.compile(fn, backend="minicompile")(*qkv())
     reports = [r.getMessage() for r in caplog.records if "minicompile check" in r.getMessage()]
     assert len(reports) == 1 and re.search(r"kernel kernel\d+_flex_attention", reports[0]), reports
+
+
+def test_heads_split_from_a_projection_inside_a_larger_graph():
+    """Query, key and value as strided views of one (B, L, 3*H*D) projection, a computed query
+    (realized for the kernel), the output merged back: the flex kernel among other kernels."""
+    mask = create_block_mask(sliding_window, 1, 1, L, L, device="cpu", BLOCK_SIZE=32)
+
+    def fn(x, w):
+        qkv_ = (x @ w).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv_[0] * 0.5, qkv_[1], qkv_[2]
+        out = flex_attention(q, k, v, score_mod=relative_bias, block_mask=mask)
+        return out.transpose(1, 2).reshape(B, L, H * D).relu()
+    g = torch.Generator().manual_seed(3)
+    graph = compiled_once(fn, torch.randn(B, L, 32, generator=g), torch.randn(32, 3 * H * D, generator=g) / 6)
+    assert_one_fused_kernel(graph)
+
+
+def test_document_mask_reading_a_captured_tensor_and_one_tensor_as_query_key_and_value():
+    """A mask_mod indexing captured document ids at q_idx and kv_idx; q, k and v one tensor."""
+    doc = torch.arange(L) // 40
+
+    def same_document(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+    mask = create_block_mask(same_document, 1, 1, L, L, device="cpu", BLOCK_SIZE=16)
+    x = qkv()[0]
+    graph = compiled_once(lambda x: flex_attention(x, x, x, score_mod=alibi, block_mask=mask), x)
+    assert_one_fused_kernel(graph)
+
+
+def test_a_mod_indexing_out_of_its_table_stays_the_eager_call():
+    """An index expression that may leave the captured tensor (here below 0) is not loaded blindly:
+    the op stays eager (which wraps negative indices), with the reason."""
+    table = torch.randn(L)
+
+    def shifted(score, b, h, q_idx, kv_idx):
+        return score + table[q_idx - kv_idx]
+    graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=shifted), *qkv())
+    assert not graph.schedule.templates
+    assert any("runs from" in e.reason for e in graph.externs), graph.explain()

@@ -8,8 +8,9 @@ compiles, not a list of known ones. A captured tensor indexed by the positions (
 per head, a bias table over q_idx - kv_idx) is a load at that index expression.
 
 Whatever the fused kernel does not cover raises Unsupported, and the op stays the eager call
-it was, with the reason: a backend without the kernel (Triton), dtypes other than float32,
-symbolic sizes, kernel options that change the result, a mod that needs memory or an eager op.
+it was, with the reason: a backend without the kernel, CUDA tensors (the Triton kernel has run
+in Triton's interpreter only), dtypes other than float32, symbolic sizes, kernel options that
+change the result, a mod that needs memory or an eager op.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def _check(lw, metas, block_mask, kernel_options) -> None:
     if "flex_attention" not in lw.templates:
         raise Unsupported("this code generator has no fused flex_attention kernel")
     if any(t.dtype != torch.float32 for t in metas) or q.device.type != "cpu":
-        raise Unsupported("the fused flex_attention kernel is generated for float32 on the CPU")
+        raise Unsupported("the fused flex_attention kernel is generated for float32 CPU tensors (C++, or Triton "
+                          "in its interpreter; not yet run on a GPU)")
     if not all(_static(t) for t in metas):
         raise Unsupported("flex_attention with symbolic sizes runs eagerly")
     odd = sorted(str(o) for o in kernel_options if o not in NEUTRAL_OPTIONS and o != "BACKEND")

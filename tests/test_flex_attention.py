@@ -210,3 +210,11 @@ def test_a_mod_indexing_out_of_its_table_stays_the_eager_call():
     graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=shifted), *qkv())
     assert not graph.schedule.templates
     assert any("runs from" in e.reason for e in graph.externs), graph.explain()
+
+
+def test_kernel_options_that_change_the_result_keep_the_eager_call():
+    """An option the fused kernel does not honour (here one it does not know) keeps the extern call."""
+    fn = lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap, kernel_options={"SOME_NEW_OPTION": 1})  # noqa: E731
+    graph = compiled_once(fn, *qkv())
+    assert not graph.schedule.templates
+    assert any("SOME_NEW_OPTION" in e.reason for e in graph.externs), graph.explain()

@@ -118,15 +118,18 @@ def test_float64_stays_the_eager_call_with_its_reason():
     assert "float32" in extern.reason
 
 
-@pytest.mark.parametrize("score_mod,mask_mod", [(alibi, sliding_window), (relative_bias, causal), (soft_cap, None),
-                                                (soft_cap, late_causal)],
-                         ids=["alibi-sliding_window", "relative_bias-causal", "soft_cap", "rows_fully_masked"])
-def test_triton_kernel_from_the_same_mod_bodies_in_the_interpreter(score_mod, mask_mod):
+@pytest.mark.parametrize("score_mod,mask_mod,block", [(alibi, sliding_window, 16), (relative_bias, causal, 16),
+                                                      (soft_cap, None, 16), (soft_cap, late_causal, 16),
+                                                      (alibi, causal, 24)],
+                         ids=["alibi-sliding_window", "relative_bias-causal", "soft_cap", "rows_fully_masked",
+                              "blocks_of_24-every_key"])
+def test_triton_kernel_from_the_same_mod_bodies_in_the_interpreter(score_mod, mask_mod, block):
     """The Triton code generator's flex kernel (codegen/triton_flex.py), run by Triton's interpreter on
     CPU tensors: small shapes, GQA, lengths that are not multiples of its 16 x 16 tiles, rows with
-    every key masked (output 0, logsumexp -inf)."""
+    every key masked (output 0, logsumexp -inf); blocks of 24 rows straddle its programs, which then
+    visit every key with the mask."""
     pytest.importorskip("triton")
-    mask = create_block_mask(mask_mod, 1, 1, L, 40, device="cpu", BLOCK_SIZE=16) if mask_mod else None
+    mask = create_block_mask(mask_mod, 1, 1, L, 40, device="cpu", BLOCK_SIZE=block) if mask_mod else None
     q, k, v = (t[:1, :, :, :] for t in qkv(heads_kv=2, lk=40))
 
     def fn(q, k, v):

@@ -1,8 +1,9 @@
 """Triton for a FlexAttention buffer (ir/flex.py): the fused attention kernel, from the same mod bodies.
 
-One program per (BLOCK_M query rows, batch x query head). It walks every key in BLOCK_N tiles
-(no block skipping yet: the mask body decides each position, which is eager's own rule),
-``tl.dot`` for both products and the online softmax between them. The score_mod and mask_mod
+One program per (BLOCK_M query rows, batch x query head). It walks the key blocks its query block
+lists in the block mask (partial blocks with the mask body, full ones without; where a program's
+rows would straddle two query blocks, every key with the mask body, eager's own rule), in BLOCK_N
+tiles: ``tl.dot`` for both products and the online softmax between them. The score_mod and mask_mod
 bodies are spelled by ModOps below with the Triton templates of every other kernel
 (codegen/triton_ops.py): ``b`` and ``h`` are the program's scalars, ``q_idx`` a [BLOCK_M, 1]
 column and ``kv_idx`` a [1, BLOCK_N] row, so each value broadcasts to the tile.
@@ -84,6 +85,26 @@ def render_flex_triton(name: str, buf: FlexAttention) -> tuple[str, list, dict]:
     mask = buf.mask(mask_ops) if buf.mask is not None else "True"
     kb = "b" if BK > 1 else None
     lse, mx = buf.stats
+    def tile_lines(end: str, masked: bool) -> list:
+        """The BLOCK_N keys from ``start`` (those below ``end``): scores, mods (and mask), softmax, product."""
+        keep = f"valid & ({mask})" if masked else "valid"
+        return [
+            f"kv_idx = start + tl.arange(0, {BLOCK_N})[None, :]",
+            f"kv_col = start + tl.arange(0, {BLOCK_N})[:, None]",
+            f"valid = (q_idx < {LQ}) & (kv_idx < {end})",
+            f"kt = tl.load({k.buffer.name} + {_offset(k, [kb, 'hk', 'kv_idx', 'dk'])}, mask=(kv_idx < {end}) & (dk < {D}), other=0.0)",
+            f"vt = tl.load({v.buffer.name} + {_offset(v, [kb, 'hk', 'kv_col', 'dv'])}, mask=(kv_col < {end}) & (dv < {DV}), other=0.0)",
+            f"{SCORE} = tl.dot(qt, kt, input_precision='ieee') * {float(buf.scale)!r}",
+            *score_ops.lines, *(mask_ops.lines if masked else []),
+            f"s = tl.where({keep}, {score}, float('-inf'))",
+            "m_new = tl.maximum(m, tl.reduce(s, 1, mc_maximum))",
+            "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)   # rows with every key so far masked",
+            "p = tl.exp(s - m_safe[:, None])",
+            "corr = tl.exp(m - m_safe)",
+            "l = l * corr + tl.reduce(p, 1, mc_add)",
+            "acc = acc * corr[:, None] + tl.dot(p, vt, input_precision='ieee')",
+            "m = m_new",
+        ]
     body = [
         "pid_m = tl.program_id(0)",
         "pid_bh = tl.program_id(1)",
@@ -99,22 +120,7 @@ def render_flex_triton(name: str, buf: FlexAttention) -> tuple[str, list, dict]:
         f"l = tl.full([{BLOCK_M}], 0.0, tl.float32)",
         f"acc = tl.full([{BLOCK_M}, {_p2(DV)}], 0.0, tl.float32)",
         f"tile = tl.full([{BLOCK_M}, {BLOCK_N}], 0, tl.int32)",
-        f"for start in range(0, {LK}, {BLOCK_N}):",
-        f"    kv_idx = start + tl.arange(0, {BLOCK_N})[None, :]",
-        f"    kv_col = start + tl.arange(0, {BLOCK_N})[:, None]",
-        f"    valid = (q_idx < {LQ}) & (kv_idx < {LK})",
-        f"    kt = tl.load({k.buffer.name} + {_offset(k, [kb, 'hk', 'kv_idx', 'dk'])}, mask=(kv_idx < {LK}) & (dk < {D}), other=0.0)",
-        f"    vt = tl.load({v.buffer.name} + {_offset(v, [kb, 'hk', 'kv_col', 'dv'])}, mask=(kv_col < {LK}) & (dv < {DV}), other=0.0)",
-        f"    {SCORE} = tl.dot(qt, kt, input_precision='ieee') * {float(buf.scale)!r}",
-        *("    " + ln for ln in score_ops.lines + mask_ops.lines),
-        f"    s = tl.where(valid & ({mask}), {score}, float('-inf'))",
-        "    m_new = tl.maximum(m, tl.reduce(s, 1, mc_maximum))",
-        "    m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)   # rows with every key so far masked",
-        "    p = tl.exp(s - m_safe[:, None])",
-        "    corr = tl.exp(m - m_safe)",
-        "    l = l * corr + tl.reduce(p, 1, mc_add)",
-        "    acc = acc * corr[:, None] + tl.dot(p, vt, input_precision='ieee')",
-        "    m = m_new",
+    ] + _key_loops(buf, tile_lines) + [
         "rows = q_idx < " + str(LQ),
         "inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)",
         f"tl.store({buf.name} + {_offset_layout(buf, ['b', 'h', 'q_idx', 'dv'])}, acc * inv[:, None], mask=rows & (dv < {DV}))",
@@ -131,3 +137,21 @@ def render_flex_triton(name: str, buf: FlexAttention) -> tuple[str, list, dict]:
 
 def _offset_layout(buf, terms) -> str:
     return " + ".join(f"({t}) * {st}" for t, st in zip(terms, buf.layout.stride) if st != 0) or "0"
+
+
+def _key_loops(buf, tile) -> list:
+    """The walk over keys: the block mask's partial blocks (mask body) then full blocks (none),
+    skipping the rest, where a program's rows lie in one query block; else every key, masked."""
+    LK = buf.key.size[2]
+    if buf.q_block % BLOCK_M:
+        return [f"for start in range(0, {LK}, {BLOCK_N}):", *("    " + ln for ln in tile(f"{LK}", True))]
+    lines = [f"qblock = (pid_m * {BLOCK_M}) // {buf.q_block}"]
+    for (counts, indices), masked in [(buf.partial, True)] + ([(buf.full, False)] if buf.full else []):
+        mb = "b" if counts.size[0] > 1 else None
+        mh = "h" if counts.size[1] > 1 else None
+        lines += [f"for i in range(0, tl.load({counts.buffer.name} + {_offset(counts, [mb, mh, 'qblock'])})):",
+                  f"    k0 = tl.load({indices.buffer.name} + {_offset(indices, [mb, mh, 'qblock', 'i'])}).to(tl.int64) * {buf.kv_block}",
+                  f"    kend = tl.minimum(k0 + {buf.kv_block}, {LK})",
+                  f"    for start in range(k0, kend, {BLOCK_N}):",
+                  *("        " + ln for ln in tile("kend", masked))]
+    return lines

@@ -99,7 +99,7 @@ class CompiledGraph:
 
     @property
     def num_kernels(self) -> int:
-        return len(self.schedule.kernels)
+        return len(self.schedule.kernels) + len(self.schedule.templates)
 
     @property
     def externs(self):
@@ -164,7 +164,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None,
     out_spec = _output_spec(gm)
     aten = t(stage, to_aten or _trace, gm, list(example_inputs))   # aot/ + decomp/, with the CPU's policy
     be = BACKENDS[_pick_backend(aten.gm)]
-    loops = t("lower", lower, aten.gm, compute_expensive_once=be.caps.row_scratch)   # lowering/ -> ir/
+    loops = t("lower", lower, aten.gm, compute_expensive_once=be.caps.row_scratch,   # lowering/ -> ir/
+              templates=be.caps.templates)
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
     code = t("codegen", _generate, be, loops, plan, aten.prepared)  # codegen/
     lib = t("build", be.load, code.kernels)                         # runtime/

@@ -94,9 +94,17 @@ def functionalize(gm, ctx: PassContext):
 
 def _runs_functorch_transforms(gm) -> bool:
     """Dynamo's graph enters and leaves a functorch transform itself (``_vmap_increment_nesting``
-    ... ``_vmap_decrement_nesting``: the vmap that flex_attention's default block mask is built with)."""
-    return any(n.op == "call_function" and getattr(n.target, "__module__", "") == "torch._functorch.predispatch"
+    ... ``_vmap_decrement_nesting``: the vmap that flex_attention's default block mask is built with),
+    or calls flex_attention with captured tensors: its score_mod, traced again inside
+    torch.func.functionalize, indexes them through an autograd.Function functorch cannot
+    functionalize; traced once alone first, the indexing is ``aten.index``."""
+    return any(n.op == "call_function" and (getattr(n.target, "__module__", "") == "torch._functorch.predispatch"
+                                            or _flex_with_captured_tensors(n))
                for n in gm.graph.nodes)
+
+
+def _flex_with_captured_tensors(node) -> bool:
+    return node.target is torch.ops.higher_order.flex_attention and any(len(a) for a in node.args[7:9])
 
 
 def _without_functorch_transforms(gm, ctx: PassContext) -> torch.fx.GraphModule:

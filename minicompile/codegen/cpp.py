@@ -20,10 +20,12 @@ from minicompile.codegen.cpp_columns import render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
-from minicompile.codegen.cpp_plan import KernelPlan, plan_kernel
+from minicompile.codegen.cpp_flex import render_flex
+from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
 from minicompile.ir.expr import Expr, atoms_of
+from minicompile.ir.flex import SCORE, SCORE_INDEX
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import Reduction, is_static
 from minicompile.ir.ops import compute_dtype
@@ -132,6 +134,13 @@ class CppOps:
                 self.redo[len(self.lines) - 1] = f"float {value} = std::{op}({args[0]});"
             return value
         return self._tmp(compute_dtype(dtype), template(op, operand).format(*args), step)
+
+
+def mod_ops(counter) -> CppOps:
+    """The handler of flex_attention's score_mod and mask_mod bodies (codegen/cpp_flex.py): every
+    value where it is used, in the kernel's loop over keys, which names the scaled score SCORE."""
+    return CppOps(storage={}, locals={SCORE: (SCORE_INDEX, CV(SCORE, torch.float32))}, counter=counter,
+                  planned=itertools.repeat(Planned("flex_attention mod", "element")))
 
 
 # -- kernels ------------------------------------------------------------------------------
@@ -503,7 +512,8 @@ class CppBackend:
     # The wrapper passes ``t.data_ptr()``; a per-row value read by a later loop is kept in a
     # row-sized array.
     caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True, horizontal=True,
-                       plan=lambda *kernel_and_graph: CppKernel(*kernel_and_graph).plan)
+                       plan=lambda *kernel_and_graph: CppKernel(*kernel_and_graph).plan,
+                       templates=frozenset({"flex_attention"}))
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal
@@ -523,6 +533,9 @@ class CppBackend:
             rendered = [ck.render() for ck in members]       # first: the group reads how each rendered
             source, args[group.name] = render_group(group.name, members)
             units.append("\n\n".join(rendered + [source]))
+        for t in plan.templates:   # whole kernels of their own (codegen/cpp_flex.py)
+            source, args[t.name] = render_flex(t.name, t.buffer, graph.sources, mod_ops)
+            units.append(source)
         return GeneratedKernels("\n\n".join([f'#include "{PRELUDE_HEADER}"'] + units) + "\n", args, "cpp",
                                 units=tuple(units))
 

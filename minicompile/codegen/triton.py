@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.triton_flex import render_flex_triton
 from minicompile.codegen.triton_ops import PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
 from minicompile.ir.expr import Expr, Var, atoms_of, size_value
@@ -352,7 +353,7 @@ class TritonBackend:
     name = "triton"
     # The wrapper passes tensors (Triton takes their data pointers); no row scratch: a
     # persistent row is in registers anyway, a looped one re-reads memory.
-    caps = BackendCaps(row_scratch=False, pass_pointers=False)
+    caps = BackendCaps(row_scratch=False, pass_pointers=False, templates=frozenset({"flex_attention"}))
 
     def generate(self, graph, plan) -> GeneratedKernels:
         """The prelude, one kernel per FusedKernel, and LAUNCH (grid metadata)."""
@@ -366,6 +367,9 @@ class TritonBackend:
             extent = lambda n: n if isinstance(n, int) else str(n)  # noqa: E731 - Python source over the sizes
             launch[kernel.name] = {"xnumel": extent(tk.xnumel), "rnumel": extent(tk.rnumel) if tk.reduction else None,
                                    "persistent": tk.persistent, "written": [a.name for a in tk.args if a.written]}
+        for t in plan.templates:   # whole kernels of their own (codegen/triton_flex.py), on a fixed grid
+            source, args[t.name], launch[t.name] = render_flex_triton(t.name, t.buffer)
+            parts += ["", source, ""]
         parts.append("")
         parts.append("# kernel -> what the launcher needs: rows/elements, reduced extent, and the arguments it writes")
         parts.append("LAUNCH = {")

@@ -35,7 +35,7 @@ from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, Mul
 from minicompile.runtime import host_pool
 from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, SAFE_CALLS, aligned_rows
 from minicompile.runtime.prepared import CachedPreparation
-from minicompile.scheduler.fusion import Schedule
+from minicompile.scheduler.fusion import Schedule, TemplateKernel
 from minicompile.scheduler.kernel import FusedKernel
 
 
@@ -113,6 +113,9 @@ class WrapperCode:
             if isinstance(step, FusedKernel):
                 call = self._call_name(step)
                 steps.append((call, self._kernel_lines(step, call, pool, outputs)))
+            elif isinstance(step, TemplateKernel):
+                lines = [self._alloc(b, pool, outputs) for b in step.outputs]
+                steps.append((step.name, lines + [self._call_line(step.name)]))
             else:
                 steps.append((_extern_event_name(step), self._extern_lines(step.buffer, pool, outputs)))
             for name in sorted(n for n, last in last_use.items() if last == step_no):
@@ -127,9 +130,12 @@ class WrapperCode:
         """The buffers a kernel writes, allocated; the call of the kernel (or of its group)."""
         lines = [self._alloc(n, pool, outputs) for n in step.nodes if step.in_memory(n.name) and not n.mutates]
         if call:
-            ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
-            lines.append(f"{call}({ptrs})")
+            lines.append(self._call_line(call))
         return lines
+
+    def _call_line(self, call: str) -> str:
+        ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
+        return f"{call}({ptrs})"
 
     def _extern_lines(self, b, pool: dict, outputs: set) -> list:
         """A library call (into its own buffer where it has an out= form), or an item of a
@@ -247,8 +253,8 @@ class WrapperCode:
         kernel's step, where the group is called)."""
         last, views = {}, []
         for k, step in enumerate(self.schedule.steps):
-            if isinstance(step, FusedKernel):
-                call = self._call_name(step)
+            if isinstance(step, (FusedKernel, TemplateKernel)):
+                call = self._call_name(step) if isinstance(step, FusedKernel) else step.name
                 for p in self.kernel_args[call] if call else ():
                     last[p] = k
             else:

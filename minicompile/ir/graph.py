@@ -24,6 +24,7 @@ from typing import Mapping
 import torch
 
 from minicompile.ir.expr import Expr, NotSymbolic, PythonRenderer, Sym, make_vars, symbols_of
+from minicompile.ir.flex import SCORE, FlexAttention, FlexStat
 from minicompile.ir.nodes import (Buffer, ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, Reduction,
                                   StorageView, contiguous_strides, iteration_vars)
 from minicompile.ir.ops import PrintOps, RecordOps
@@ -86,8 +87,10 @@ def buffer_reads(buf) -> frozenset:
     """The names of the buffers ``buf`` reads: its loop body's loads, an extern's arguments."""
     if isinstance(buf, ComputedBuffer):
         return frozenset(r.name for r in recorded_body(buf).reads)
-    if isinstance(buf, MultiOutput):
+    if isinstance(buf, (MultiOutput, FlexStat)):
         return frozenset({buf.parent.name})
+    if isinstance(buf, FlexAttention):
+        return frozenset(v.buffer.name for v in buf.views())
     names = set()
 
     def visit(a):
@@ -159,6 +162,10 @@ def _block(buf: Buffer, sources) -> list[str]:
     if isinstance(buf, MultiOutput):
         path = "".join(f"[{k}]" for k in buf.path)
         return [f"{buf.name}: {_type(buf)}  = {buf.parent.name}{path}"]
+    if isinstance(buf, FlexStat):
+        return [f"{buf.name}: {_type(buf)}  = the {buf.which} (base 2) of {buf.parent.name}"]
+    if isinstance(buf, FlexAttention):
+        return [*_flex_head(buf), *_origins(buf, sources), *("  " + ln for ln in _flex_bodies(buf))]
     data = buf.data
     kind = "reduction" if isinstance(data, Reduction) else "pointwise"
     head = f"{buf.name}: {_type(buf)}  {kind}"
@@ -184,6 +191,25 @@ def body_lines(buf: ComputedBuffer) -> list[str]:
     ranges = [*data.ranges, *data.reduction_ranges]
     bounds = ", ".join(f"{p} < {n}" for p, n in zip(params, ranges))
     return [f"def body({', '.join(params)}):  # {bounds}", *("    " + ln for ln in ops.lines), "    " + store]
+
+
+def _flex_head(buf: FlexAttention) -> list[str]:
+    blocks = ", ".join(_view(v) for v in buf.partial + buf.full)
+    return [f"{buf.name}: {_type(buf)}  flex_attention({_view(buf.query)}, {_view(buf.key)}, {_view(buf.value)}, "
+            f"scale={buf.scale!r}, blocks {buf.q_block}x{buf.kv_block}: {blocks})"]
+
+
+def _flex_bodies(buf: FlexAttention) -> list[str]:
+    """The score and mask bodies, over the score (``ops.load('mc_score', 0)``) and (b, h, q_idx, kv_idx)."""
+    lines = []
+    for name, body in (("score", buf.score), ("mask", buf.mask)):
+        if body is not None:
+            ops = PrintOps()
+            value = body(ops)
+            lines += [f"def {name}(b, h, q_idx, kv_idx):" + (f"  # {SCORE}: the scaled q.k" if name == "score" else ""),
+                      *("    " + ln for ln in ops.lines),
+                      f"    return {value}"]
+    return lines
 
 
 def _origins(buf: Buffer, sources) -> list[str]:

@@ -32,7 +32,7 @@ from minicompile.ir.ops import SUPPORTED_DTYPES, TRANSCENDENTAL, RecordOps
 from minicompile.lowering.registry import Unsupported, lowering_for
 
 
-def lower(gm: torch.fx.GraphModule, compute_expensive_once: bool = False) -> LoopGraph:
+def lower(gm: torch.fx.GraphModule, compute_expensive_once: bool = False, templates: frozenset = frozenset()) -> LoopGraph:
     """Lower ``gm`` to loop IR.
 
     ``compute_expensive_once``: a lazy value that uses a transcendental op and has several
@@ -41,8 +41,12 @@ def lower(gm: torch.fx.GraphModule, compute_expensive_once: bool = False) -> Loo
     traffic, without one (Triton) it would be stored and re-read, and recomputing is cheaper.
     It is lowering's flag, not the scheduler's, because only lowering decides what is a buffer
     and what is inlined into its readers; the scheduler can only group the buffers it gets.
+
+    ``templates``: the whole kernels the backend generates (``BackendCaps.templates``, e.g.
+    flex_attention's fused attention, lowering/flex.py); an op with none stays an extern call.
     """
-    return GraphLowering(gm, sources=user_sources(gm), compute_expensive_once=compute_expensive_once).run()
+    return GraphLowering(gm, sources=user_sources(gm), compute_expensive_once=compute_expensive_once,
+                         templates=templates).run()
 
 
 @dataclass
@@ -57,6 +61,7 @@ class GraphLowering:
     externs: list = field(default_factory=list)        # ExternRecord
     sources: dict = field(default_factory=dict)        # FX node name -> user source line
     compute_expensive_once: bool = False                # realize transcendental values read twice
+    templates: frozenset = frozenset()                  # whole kernels the backend generates (lower())
     env: dict = field(default_factory=dict)
     bound: dict = field(default_factory=dict)          # symbol the graph computes -> (buffer, dim or None)
     checked_equal: dict = field(default_factory=dict)  # size -> a size a run-time check found it equal to

@@ -213,8 +213,21 @@ class TritonKernels:
         self.module = import_module(source, interpret)
         key = cache.digest(source)
         for name, meta in self.module.LAUNCH.items():
+            if "grid" in meta:   # a whole kernel with its own grid (codegen/triton_flex.py)
+                setattr(self, name, FixedGridLauncher(getattr(self.module, name), tuple(meta["grid"])))
+                continue
             meta = dict(meta, args=kernel_args.get(name, []))
             setattr(self, name, TritonKernelLauncher(getattr(self.module, name), name, meta, key, interpret))
+
+
+class FixedGridLauncher:
+    """``launcher(*tensors)`` runs a kernel whose grid and block sizes its generator fixed."""
+
+    def __init__(self, fn, grid: tuple):
+        self.fn, self.grid = fn, grid
+
+    def __call__(self, *args):
+        self.fn[self.grid](*args)
 
 
 def load(source: str, kernel_args: dict, interpret: bool) -> TritonKernels:

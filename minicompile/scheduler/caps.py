@@ -20,3 +20,6 @@ class BackendCaps:
     # values is computed (codegen/cpp_plan.py), kept on the kernel and printed with the schedule
     plan: Callable | None = None
     horizontal: bool = False  # independent kernels can run as one call, one parallel region (scheduler/groups.py)
+    # whole kernels the backend generates for one op (lowering/flex.py: "flex_attention"); the
+    # scheduler gives each a step of its own (TemplateKernel)
+    templates: frozenset = frozenset()

@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from minicompile.config import config
 from minicompile.ir.expr import Expr, symbols_of
+from minicompile.ir.flex import FlexAttention, FlexStat
 from minicompile.ir.graph import LoopGraph, recorded_body
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
 from minicompile.scheduler.caps import BackendCaps
@@ -34,6 +35,19 @@ class ExternStep:
     @property
     def name(self):
         return self.buffer.name
+
+
+@dataclass
+class TemplateKernel:
+    """A kernel the backend generates whole for one op (flex_attention's fused attention, ir/flex.py):
+    it writes ``buffer`` and the buffers listed in ``outputs`` after it."""
+    name: str
+    buffer: FlexAttention
+    reads: frozenset
+
+    @property
+    def outputs(self) -> list:
+        return [self.buffer, *self.buffer.stats]
 
 
 @dataclass
@@ -55,6 +69,10 @@ class Schedule:
     def kernels(self) -> list:
         return [s for s in self.steps if isinstance(s, FusedKernel)]
 
+    @property
+    def templates(self) -> list:
+        return [s for s in self.steps if isinstance(s, TemplateKernel)]
+
     def __str__(self) -> str:
         lines = []
         for s in self.steps:
@@ -65,6 +83,9 @@ class Schedule:
                 for n in s.nodes:
                     where = "local" if n.name in s.local else "row scratch" if n.name in s.scratch else "stored"
                     lines.append(f"    {n.name} ({s.level[n.name]}, {where}) <- FX {', '.join(n.origins)}")
+            elif isinstance(s, TemplateKernel):
+                lines.append(f"{s.name}: fused flex_attention kernel, writes {', '.join(b.name for b in s.outputs)} "
+                             f"<- FX {', '.join(s.buffer.origins)}")
             else:
                 b = s.buffer
                 if isinstance(b, ExternKernel):
@@ -146,7 +167,7 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     for b in buffers:
         for d in sorted(deps[b.name]):
             gp, gc = group_of[d], group_of[b.name]
-            if gp is gc:
+            if gp is gc or (isinstance(b, FlexStat) and b.parent.name == d):   # one kernel writes both
                 decisions.append(Decision(d, b.name, True))
             else:
                 decisions.append(Decision(d, b.name, False, _edge_reason(gp, gc, b, failures)))
@@ -231,6 +252,12 @@ def _steps(order: list, graph: LoopGraph, reads: dict, deps: dict, caps: Backend
     steps, externs = [], 0
     by_name, mutations = (graph.by_name, graph.mutations) if caps.plan else ({}, {})
     for g in order:
+        if isinstance(g.nodes[0], FlexStat):   # written by its FlexAttention's kernel
+            continue
+        if isinstance(g.nodes[0], FlexAttention):
+            steps.append(TemplateKernel(f"kernel{len(steps) - externs}_flex_attention", g.nodes[0],
+                                        reads[g.nodes[0].name]))
+            continue
         if g.is_extern:
             steps.append(ExternStep(g.nodes[0], reads[g.nodes[0].name]))
             externs += 1
@@ -398,6 +425,9 @@ def _kernel_name(k, nodes) -> str:
 
 
 def _edge_reason(gp, gc, consumer, failures) -> str:
+    for g, role in ((gp, "producer"), (gc, "consumer")):
+        if isinstance(g.nodes[0], (FlexAttention, FlexStat)):
+            return f"{role} is flex_attention's fused kernel, generated whole"
     if gp.is_extern:
         return "producer is an extern call"
     if gc.is_extern:

@@ -36,6 +36,7 @@ from minicompile.config import config
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, InputBuffer, MultiOutput
 from minicompile.report.artifacts import library_choices
 from minicompile.runtime import cache
+from minicompile.scheduler.fusion import TemplateKernel
 from minicompile.scheduler.kernel import FusedKernel
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.tools.repro import write_repro
@@ -236,6 +237,8 @@ class SteppedRun:
 
     def _writers(self, step) -> list:
         """(kernel or extern buffer, buffer written) per buffer this step's call writes."""
+        if isinstance(step, TemplateKernel):
+            return [(step, b) for b in step.outputs]
         if not isinstance(step, FusedKernel):
             return [(step.buffer, step.buffer)] if getattr(step.buffer, "layout", None) is not None else []
         call = self.wrapper._call_name(step)
@@ -246,7 +249,7 @@ class SteppedRun:
 
     def _reads(self, step) -> list:
         if not isinstance(step, FusedKernel):
-            return list(step.reads)
+            return list(step.reads)   # an extern's, or a TemplateKernel's
         call = self.wrapper._call_name(step)
         return [p for p in self.wrapper.kernel_args[call]] if call else []
 
@@ -264,6 +267,9 @@ class SteppedRun:
         if isinstance(kernel, FusedKernel):
             what = f"kernel {kernel.name}"
             by_line = origins_by_source_line(kernel, sources)
+        elif isinstance(kernel, TemplateKernel):
+            what = f"kernel {kernel.name}"
+            by_line = {sources.get(o, ""): [o] for o in kernel.buffer.origins}
         else:
             parent = kernel.parent if isinstance(kernel, MultiOutput) else kernel
             what = f"extern call {parent.op} ({parent.name})"

@@ -35,7 +35,7 @@ TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
 STAGE_BUDGETS = {"capture": 6078, "aot": 2788, "cpu": 1798, "decomp": 1421, "lowering": 1620, "ir": 1293,
-                 "scheduler": 758, "codegen": 2303, "runtime": 1154, TOP_LEVEL: 1132}
+                 "scheduler": 758, "codegen": 2362, "runtime": 1154, TOP_LEVEL: 1132}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 

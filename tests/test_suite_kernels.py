@@ -26,3 +26,19 @@ def test_max_pool_read_by_several_consumers_is_computed_once():
     compiled = check(fn, torch.randn(2, 4, 9, 9))
     assert len(_computing(compiled, "max_pool2d_with_indices")) == 1
 
+
+def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
+    """DenseNet's BatchNorm-ReLU reads the concatenation of its block's features in channels-last
+    layout: the concatenated dimension is the innermost loop, and each element loaded every piece
+    at a clamped index (a gather per piece) and picked one, ten times slower than Inductor's
+    kernel. The loop is now cut at the pieces' edges, where the C++ compiler folds the other
+    pieces away."""
+    def fn(a, b, c, w, s):
+        x = torch.cat([a, b, c], 1)
+        return F.relu(x * w.view(1, -1, 1, 1) + s.view(1, -1, 1, 1))
+    cl = torch.channels_last
+    pieces = [torch.randn(2, n, 5, 5).to(memory_format=cl) for n in (8, 4, 4)]
+    compiled = check(fn, *pieces, torch.randn(16), torch.randn(16))
+    loops = [ln.strip() for ln in compiled.kernel_source.splitlines() if ln.strip().startswith("for (int64_t x2")]
+    assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t x2 = 8; x2 < 12; ++x2)",
+                     "for (int64_t x2 = 12; x2 < 16; ++x2)"], loops

@@ -4,9 +4,10 @@
 
 Times eager, minicompile and Inductor in interleaved rounds (each round runs every thread count
 and every column; medians), then profiles each compiled model with torch.profiler at each thread
-count and prints, side by side, the ms per call of its generated kernels (ours: ``cpp_*``
-events; Inductor's: ``graph_N_cpp_*``, with ``cpp.enable_kernel_profile``) and of its outermost
-ATen calls (convolutions, GEMMs, copies), largest first. Results: docs/models.md.
+count and prints, side by side, the ms per call of its generated kernels (ours: ``kernelN_*`` and
+``groupN`` events; Inductor's: ``graph_N_cpp_*``, with ``cpp.enable_kernel_profile``) and of its
+outermost ATen calls (convolutions, GEMMs, copies) by input shapes, largest first. Results:
+docs/models.md, "Kernel by kernel against Inductor".
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelR
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
+from minicompile.codegen.cpp_pieces import cut_loop, piece_edges
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
@@ -63,6 +64,7 @@ class CppOps:
     before_loop: list | None = None   # row-level statements: before this loop, once per outer point
     channel: ChannelValues | None = None   # channel-level values: arrays filled before the loops
     trig_args: list | None = None     # the inline sin/cos's arguments, checked against MC_TRIG_MAX
+    indices: list | None = None       # every index loaded at (codegen/cpp_pieces.py reads them)
     # inline sin/cos: index in ``lines`` -> the statement with the library's, for the row's redo
     redo: dict = field(default_factory=dict)
     planned: Iterator = iter(())
@@ -91,6 +93,8 @@ class CppOps:
             return value
         if name in self.scratch:
             return self._tmp(compute_dtype(dtype), self.scratch[name])
+        if self.indices is not None:
+            self.indices.append(index)
         raw = f"{self.storage.get(name, name)}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
             raw = f"mc_bf16_to_f32({raw})"
@@ -186,12 +190,13 @@ class CppKernel(KernelRenderer):
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
+        self.indices = []      # the indices the body loads at (cpp_pieces.py)
 
     def loop_ops(self, known: dict, lines: list, before_loop: list | None = None, **kwargs) -> CppOps:
         """The ops handler of a stage: ``lines`` its statements, ``before_loop`` (in a loop stage)
         those once per outer point before it; ``known`` the values kept in registers."""
         return CppOps(self.storage, known, lines, self.counter, scratch=self.scratch,
-                      hoisted=self.hoisted, before_loop=before_loop, **kwargs)
+                      hoisted=self.hoisted, before_loop=before_loop, indices=self.indices, **kwargs)
 
     def evaluate(self, ops, node):
         """``node``'s value, spelled as planned."""
@@ -245,6 +250,11 @@ class CppKernel(KernelRenderer):
             headers.append(hdr)
         if self.plan.inline_trig:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
+        (v, size), edges = dims[-1], []
+        if simd_inner and len(dims) > 1 and is_static([size]) and not k.scratch:
+            edges = piece_edges(self.indices, v, size)
+        if edges:   # a concatenation read along the innermost loop: one loop per piece
+            return hoisted + nest(headers[:-1], cut_loop(headers[-1], v.name, size, edges, body))
         return hoisted + nest(headers, body)
 
     def _threads_pragma(self, clauses: str) -> str:

@@ -187,8 +187,8 @@ class GraphLowering:
     def _call(self, node):
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
-        if node.target is operator.getitem:
-            return args[0][args[1]]
+        if node.target is operator.getitem:   # one value of a multi-output op: its readers are the getitem's
+            return self._maybe_realize(args[0][args[1]], node)
         if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return self.scalar(node, args, kwargs)
         if node.target is torch.ops.aten._assert_scalar.default:

@@ -263,14 +263,15 @@ class Scaled(nn.Module):
         return self.fn(x * self.w)
 
 
-@pytest.mark.parametrize("fn", [lambda x: x[:, 7:] * 2, lambda x: x.unfold(1, 8, 1).sum(-1),
+@pytest.mark.parametrize("fn", [lambda x: x[:, 7:] * 2, lambda x: x[:, 8::2] * 2, lambda x: x.unfold(1, 8, 1).sum(-1),
                                 lambda x: F.avg_pool1d(x.unsqueeze(0), 8, 1).squeeze(0),
                                 lambda x: F.conv1d(x.unsqueeze(0), torch.ones(3, 3, 8)).squeeze(0)],
-                         ids=["slice", "unfold", "avg_pool", "conv"])
+                         ids=["slice", "strided_slice", "unfold", "avg_pool", "conv"])
 def test_sizes_short_by_a_constant_compile_for_training(fn, training_graphs, fresh_dynamo, caplog):
     """A size ``s - 7`` gives the contiguous stride ``Max(1, s - 7)``, which differs from ``s - 7``
-    only where the tensor is empty; the trace's guard ``s >= 7`` says so. It ran eagerly
-    ("not a polynomial"), found by the dynamic training fuzzer on seeds 290-399."""
+    only where the tensor is empty, and ``x[:, 8::2]`` the size ``(s - 7)//2``, a floor that C++'s
+    division matches only for ``s >= 7``: the trace's guard says so. Both ran eagerly ("not a
+    polynomial"), found by the dynamic training fuzzer on seeds 290-499."""
     with caplog.at_level(logging.WARNING, logger="minicompile"):
-        train_and_compare(Scaled(fn), lambda n: (torch.randn(3, n),), (9, 17, 24, 30), dynamic=True)
+        train_and_compare(Scaled(fn), lambda n: (torch.randn(3, n),), (13, 17, 24, 30), dynamic=True)
     assert_symbolic_builds(training_graphs, 2, caplog)

@@ -69,9 +69,10 @@ def _from_sympy(e, stride: bool = False, shape_env=None):
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:  # t**2: the scores of attention over t tokens
         return prod([_from_sympy(e.base, shape_env=shape_env)] * int(e.exp))
     parts = [_from_sympy(a, stride and e.is_Mul, shape_env) for a in e.args]   # 2*Max(1, u0): a stride too
-    if (type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0
-            and Expr.of(parts[0]).range()[0] >= 0 and _nonnegative(e.args[0], shape_env)):
-        return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3
+    if (type(e).__name__ == "FloorDiv" and isinstance(parts[1], int) and parts[1] > 0   # the guards: s0 >= 7
+            and max(Expr.of(parts[0]).range()[0], _lower_bound(e.args[0], shape_env)) >= 0
+            and _nonnegative(e.args[0], shape_env)):
+        return size_value(Expr.of(parts[0]) // parts[1])  # a strided slice's length: (s0 + 2)//3, (s0 - 7)//2
     if e.is_Function and type(e).__name__ == "Max" and len(parts) == 2:  # a stride: Max(1, (s0 + 2)//3)
         (small, _), (big, big_sympy) = sorted(zip(parts, e.args), key=lambda p: isinstance(p[0], Expr))
         low = max(Expr.of(big).range()[0], _lower_bound(big_sympy, shape_env))   # the trace's guards: s0 >= 7

@@ -221,3 +221,44 @@ def test_kernel_options_that_change_the_result_keep_the_eager_call():
     graph = compiled_once(fn, *qkv())
     assert not graph.schedule.templates
     assert any("SOME_NEW_OPTION" in e.reason for e in graph.externs), graph.explain()
+
+
+NARROW_MODS = {"alibi": lambda slopes: lambda s, b, h, q_idx, kv_idx: s + slopes[h] * (kv_idx - q_idx),
+               "soft_cap": lambda slopes: soft_cap}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("mod,heads_kv", [("alibi", H), ("soft_cap", H), ("alibi", 2)],
+                         ids=["alibi-causal", "soft_cap-causal", "alibi-causal-gqa"])
+def test_bfloat16_and_float16_compile_to_the_fused_kernel(dtype, mod, heads_kv):
+    """Narrow q/k/v (and an ALiBi slope tensor of that dtype, captured): loaded as float32, scores, mods,
+    softmax and output accumulated in float32 as eager's math does (it upcasts q and k and runs the
+    score_mod on float32 scores), the output stored in ``dtype``, the logsumexp float32 as eager's.
+    Within bfloat16's tolerance of eager, and no further from the float64 answer than eager is
+    (eager also rounds the probabilities to ``dtype`` before their product with v; we do not)."""
+    slopes = SLOPES.to(dtype)
+    score_mod = NARROW_MODS[mod](slopes)
+    mask = create_block_mask(causal, B, H, L, L, device="cpu", BLOCK_SIZE=32)
+    q, k, v = (t.to(dtype) for t in qkv(heads_kv=heads_kv))
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=heads_kv != H, return_lse=True)
+    graph = compiled_once(fn, q, k, v, atol=2e-2, rtol=2e-2)
+    assert_one_fused_kernel(graph)
+    (out, lse), (ref, ref_lse) = torch.compile(fn, backend="minicompile")(q, k, v), fn(q, k, v)
+    assert out.dtype == dtype and lse.dtype == ref_lse.dtype == torch.float32
+    exact = flex_attention(*(t.double() for t in (q, k, v)), score_mod=NARROW_MODS[mod](slopes.double()),
+                           block_mask=mask, enable_gqa=heads_kv != H)
+    ours, eager = ((o.double() - exact).abs().max().item() for o in (out, ref))
+    assert ours <= eager * 1.01 + 1e-6, (ours, eager)
+
+
+def test_triton_keeps_narrow_dtypes_as_the_eager_call():
+    """The Triton flex kernel is float32 only (its narrow tl.dot has not run on a GPU): bfloat16 stays eager."""
+    pytest.importorskip("triton")
+    q, k, v = (t.to(torch.bfloat16) for t in qkv())
+    with patch(cpu_backend="triton"):
+        graph = compiled_once(lambda q, k, v: flex_attention(q, k, v, score_mod=soft_cap), q, k, v, atol=2e-2, rtol=2e-2)
+    assert not graph.schedule.templates
+    (extern,) = [e for e in graph.externs if "flex" in e.op]
+    assert "float32 only" in extern.reason

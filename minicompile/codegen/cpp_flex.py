@@ -13,12 +13,16 @@ and writes ``acc / l`` (0 for a row with every key masked, as eager's safe softm
 logsumexp and the row maximum, both in base 2 as the higher-order op returns them. The score_mod
 and mask_mod expressions are the IR bodies lowering made of the user's graphs, spelled by the
 same ops handler as every other kernel (codegen/cpp.py's CppOps); the kernel supplies
-``b, h, q_idx, kv_idx`` as its loop variables and the scaled score as ``mc_score``.
+``b, h, q_idx, kv_idx`` as its loop variables and the scaled score as ``mc_score``. bfloat16 and
+float16 q/k/v are widened to float32 as they are loaded, everything runs in float32 (as eager's math),
+and the output is rounded once to the input's dtype; the statistics stay float32.
 """
 from __future__ import annotations
 
 import itertools
 import math
+
+import torch
 
 from minicompile.codegen.common import comment_text
 from minicompile.codegen.cpp_ops import CTYPE
@@ -50,7 +54,8 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
     reads = list(dict.fromkeys(view.buffer.name for view in buf.views()))
     writes = [buf.name] + [s.name for s in buf.stats]
     kinds = {view.buffer.name: view.dtype for view in buf.views()}
-    params = [f"const {CTYPE[kinds[n]]}* {n}" for n in reads] + [f"float* {n}" for n in writes]
+    params = [f"const {CTYPE[kinds[n]]}* {n}" for n in reads] + [f"{CTYPE[buf.dtype]}* {buf.name}"]
+    params += [f"float* {s.name}" for s in buf.stats]
     counter = itertools.count()
     score_lines, score = _body_lines(buf.score, mod_ops(counter))
     mask_lines, mask = _body_lines(buf.mask, mod_ops(counter)) if buf.mask is not None else ([], "true")
@@ -83,7 +88,7 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
               "        {",
               "            m[r] = -INFINITY; l[r] = 0.0f;",
               "            for (int64_t d = 0; d < DVP; ++d) acc[r][d] = 0.0f;",
-              f"            for (int64_t d = 0; d < D; ++d) qs[r][d] = r < rows ? {q.buffer.name}[{_at(q, ['b', 'h', 'q0 + r', 'd'])}] : 0.0f;",
+              f"            for (int64_t d = 0; d < D; ++d) qs[r][d] = r < rows ? {_load(q, ['b', 'h', 'q0 + r', 'd'])} : 0.0f;",
               "        }",
               "        for (int64_t j = 0; j < KBP; ++j) { for (int64_t d = 0; d < D; ++d) kt[d][j] = 0.0f; for (int64_t d = 0; d < DVP; ++d) vb[j][d] = 0.0f; }"]
     for (counts, indices), masked in passes:
@@ -94,7 +99,7 @@ def render_flex(name: str, buf: FlexAttention, sources: dict, mod_ops) -> tuple[
               "            const int64_t q_idx = q0 + r;",
               "            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;",
               "            #pragma omp simd",
-              f"            for (int64_t d = 0; d < DV; ++d) {buf.name}[{out_at} + d * {buf.layout.stride[3]}] = acc[r][d] * inv;",
+              f"            for (int64_t d = 0; d < DV; ++d) {buf.name}[{out_at} + d * {buf.layout.stride[3]}] = {_store('acc[r][d] * inv', buf.dtype)};",
               f"            {lse.name}[{_at(lse, ['b', 'h', 'q_idx'])}] = l[r] > 0.0f ? (m[r] + std::log(l[r])) * INV_LN2 : -INFINITY;",
               f"            {mx.name}[{_at(mx, ['b', 'h', 'q_idx'])}] = m[r] * INV_LN2;",
               "        }",
@@ -132,8 +137,8 @@ def _key_tile(buf, value: str, mods: list, kb) -> list:
         "    const int64_t cols = std::min<int64_t>(KB, kend - kc);",
         "    for (int64_t j = 0; j < cols; ++j)",
         "    {",
-        f"        for (int64_t d = 0; d < D; ++d) kt[d][j] = {k.buffer.name}[{_at(k, [kb, 'hk', 'kc + j', 'd'])}];",
-        f"        for (int64_t d = 0; d < DV; ++d) vb[j][d] = {v.buffer.name}[{_at(v, [kb, 'hk', 'kc + j', 'd'])}];",
+        f"        for (int64_t d = 0; d < D; ++d) kt[d][j] = {_load(k, [kb, 'hk', 'kc + j', 'd'])};",
+        f"        for (int64_t d = 0; d < DV; ++d) vb[j][d] = {_load(v, [kb, 'hk', 'kc + j', 'd'])};",
         "    }",
         "    for (int64_t j = cols; j < KBP; ++j) { for (int64_t d = 0; d < D; ++d) kt[d][j] = 0.0f; for (int64_t d = 0; d < DV; ++d) vb[j][d] = 0.0f; }",
         "    // s = q k^T: MR rows x NC keys held in registers over the head dimension",
@@ -217,6 +222,22 @@ def _body_lines(body, ops) -> tuple[list, str]:
     """A mod body spelled in C++: its statements and the name of its value."""
     value = body(ops)
     return ops.lines, str(value)
+
+
+def _load(view: StorageView, terms) -> str:
+    """``view`` at ``terms`` as a float: bfloat16 and float16 widened exactly (eager's math upcasts q, k
+    and v to float32 too), so the products, the softmax and the output accumulate in float32."""
+    raw = f"{view.buffer.name}[{_at(view, terms)}]"
+    if view.dtype == torch.bfloat16:
+        return f"mc_bf16_to_f32({raw})"
+    return f"static_cast<float>({raw})" if view.dtype == torch.float16 else raw
+
+
+def _store(value: str, dtype) -> str:
+    """A float ``value`` stored as ``dtype``: rounded once, to nearest even."""
+    if dtype == torch.bfloat16:
+        return f"mc_f32_to_bf16({value})"
+    return f"static_cast<_Float16>({value})" if dtype == torch.float16 else value
 
 
 def _at(view, terms) -> str:

@@ -353,6 +353,8 @@ class TritonBackend:
     name = "triton"
     # The wrapper passes tensors (Triton takes their data pointers); no row scratch: a
     # persistent row is in registers anyway, a looped one re-reads memory.
+    # flex_attention's kernel is float32 only here ("flex_attention_narrow" left out: bfloat16/float16
+    # stay the eager call): its tiles' tl.dot in a narrow dtype has not run on a GPU, only the interpreter.
     caps = BackendCaps(row_scratch=False, pass_pointers=False, templates=frozenset({"flex_attention"}))
 
     def generate(self, graph, plan) -> GeneratedKernels:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from minicompile.ir.expr import Expr, NotSymbolic
 from minicompile.ir.flex import SCORE, SCORE_INDEX, FlexAttention, FlexStat, index_vars
@@ -32,6 +34,9 @@ aten = torch.ops.aten
 # backward writes, and the tile sizes of other backends' kernels. Any other option keeps the eager op.
 NEUTRAL_OPTIONS = {"PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ", "OUTPUT_LOGSUMEXP",
                    "OUTPUT_MAX", "BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "FORCE_USE_FLEX_ATTENTION"}
+# q/k/v dtypes the C++ kernel loads as float32 (template "flex_attention_narrow"), computing in float32 as
+# eager's math does; its output is stored in that dtype, the logsumexp and max stay float32 (as eager's).
+NARROW = (torch.bfloat16, torch.float16)
 # Floats a thread keeps on its stack per tile (codegen/cpp_flex.py): the scores and query rows of 32
 # rows, a key block transposed and a value block (of 128 keys), 32 rows of sums.
 SCRATCH_LIMIT = 131072
@@ -71,9 +76,11 @@ def _check(lw, metas, block_mask, kernel_options) -> None:
     q, k, v, out = metas
     if "flex_attention" not in lw.templates:
         raise Unsupported("this code generator has no fused flex_attention kernel")
-    if any(t.dtype != torch.float32 for t in metas) or q.device.type != "cpu":
-        raise Unsupported("the fused flex_attention kernel is generated for float32 CPU tensors (C++, or Triton "
-                          "in its interpreter; not yet run on a GPU)")
+    if q.device.type != "cpu" or q.dtype not in NARROW + (torch.float32,) or any(t.dtype != q.dtype for t in metas):
+        raise Unsupported("the fused flex_attention kernel is generated for float32, bfloat16 and float16 CPU "
+                          "tensors of one dtype (C++, or Triton in its interpreter; not yet run on a GPU)")
+    if q.dtype in NARROW and "flex_attention_narrow" not in lw.templates:
+        raise Unsupported(f"this code generator's fused flex_attention kernel is float32 only, not {q.dtype}")
     if not all(_static(t) for t in metas):
         raise Unsupported("flex_attention with symbolic sizes runs eagerly")
     odd = sorted(str(o) for o in kernel_options if o not in NEUTRAL_OPTIONS and o != "BACKEND")
@@ -127,6 +134,8 @@ def _mod_body(gm, leading: list, captured: list, index: tuple, dtype: torch.dtyp
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(leading) + len(captured):
         raise Unsupported(f"the {what} takes {len(placeholders)} arguments")
+    if leading[0].dtype != placeholders[0].meta["val"].dtype:
+        _retype_score(gm, placeholders, leading[0].dtype)
     lw = ModLowering(gm, index={n: e for n, e in zip(placeholders[len(leading) - 4:], index)})
     lw.env.update(zip(placeholders, [*leading, *captured]))
     result = None
@@ -140,9 +149,25 @@ def _mod_body(gm, leading: list, captured: list, index: tuple, dtype: torch.dtyp
     if lw.externs:
         raise Unsupported(f"the {what} runs {lw.externs[0].op} eagerly ({lw.externs[0].reason})")
     if lw.buffers or not isinstance(result, TensorValue) or tuple(result.size) != () or result.dtype != dtype:
-        raise Unsupported(f"the {what} does not lower to one {dtype} value per position")
+        got = f"{getattr(result, 'dtype', result)} of size {list(getattr(result, 'size', ()))}"
+        raise Unsupported(f"the {what} does not lower to one {dtype} value per position ({got})")
     load = result.loader()
     return lambda ops: load(ops, [])
+
+
+def _retype_score(gm, placeholders: list, dtype: torch.dtype) -> None:
+    """Dynamo traces a score_mod with a score of the query's dtype (bfloat16), but the op computes the
+    score in ``dtype`` (float32) and runs the mod on that: propagate the graph's values again with a
+    float32 score, so the mod's ops compute and round where eager's do (``score + slope[h] * d`` adds a
+    bfloat16 product to a float32 score, in float32)."""
+    metas = [p.meta["val"] for p in placeholders]
+    if not all(isinstance(t, torch.Tensor) and _static(t) for t in metas):
+        raise Unsupported("the score_mod's captured tensors have symbolic sizes")
+    mode = FakeTensorMode()
+    with mode:
+        args = [torch.empty_strided(t.shape, t.stride(), dtype=dtype if i == 0 else t.dtype)
+                for i, t in enumerate(metas)]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*args)
 
 
 @dataclass

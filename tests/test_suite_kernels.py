@@ -3,8 +3,11 @@
 also asserts what the generated code does once, not once per reader."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+from minicompile.config import patch
 
 from minicompile.ir.nodes import ComputedBuffer
 from tests.helpers import check
@@ -42,3 +45,49 @@ def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
     loops = [ln.strip() for ln in compiled.kernel_source.splitlines() if ln.strip().startswith("for (int64_t x2")]
     assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t x2 = 8; x2 < 12; ++x2)",
                      "for (int64_t x2 = 12; x2 < 16; ++x2)"], loops
+
+
+@pytest.mark.parametrize("threshold", [1, 1 << 40], ids=["threads", "no region"])
+def test_concatenation_read_along_an_outer_loop_runs_one_loop_per_piece(threshold):
+    """The same BatchNorm-ReLU over a concatenation in NCHW layout: the concatenated dimension
+    (channels) is an outer loop, and every element of the inner loop loaded every piece and
+    selected one (DenseNet's last block: 16-24 loads per element). The channel loop is now cut
+    at the pieces' edges, the inner loop copied whole into each range; with threads, the whole
+    nest per piece (its parallel loop collapses the channel loop, which must stay perfectly nested)."""
+    def fn(a, b, c, w, s):
+        x = torch.cat([a, b, c], 1)
+        return F.relu(x * w.view(1, -1, 1, 1) + s.view(1, -1, 1, 1))
+    pieces = [torch.randn(2, n, 5, 5) for n in (8, 4, 4)]
+    with patch(parallel_threshold=threshold):
+        compiled = check(fn, *pieces, torch.randn(16), torch.randn(16))
+    loops = [ln.strip() for ln in compiled.kernel_source.splitlines() if ln.strip().startswith("for (int64_t x1")]
+    assert loops == ["for (int64_t x1 = 0; x1 < 8; ++x1)", "for (int64_t x1 = 8; x1 < 12; ++x1)",
+                     "for (int64_t x1 = 12; x1 < 16; ++x1)"], compiled.kernel_source
+
+
+class _DenseBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(c, 4, 3, padding=1, bias=False) for c in (6, 10, 14))
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(c) for c in (6, 10, 14, 18))
+        for bn in self.norms:
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        features = [x]
+        for conv, bn in zip(self.convs, self.norms):
+            features.append(conv(F.relu(bn(torch.cat(features, 1)))))
+        return F.relu(self.norms[-1](torch.cat(features, 1)))
+
+
+def test_dense_block_chain_matches_eager_in_both_layouts():
+    """A dense block in miniature (eval): convolutions whose outputs are concatenated and read by
+    a BatchNorm-ReLU feeding the next convolution, in NCHW and channels-last; each concatenation's
+    kernel runs one loop per piece along the channels, whichever loop they are."""
+    torch.manual_seed(0)
+    block = _DenseBlock().eval()
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        with torch.no_grad():
+            compiled = check(block, torch.randn(2, 6, 7, 7).to(memory_format=fmt), atol=1e-4, rtol=1e-4)
+        cut = [ln for ln in compiled.kernel_source.splitlines() if "; x" in ln and "= 14; " in ln and "< 18;" in ln]
+        assert len(cut) == 1, compiled.kernel_source   # the last concatenation's last piece: channels 14..17

@@ -21,7 +21,7 @@ from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelR
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
-from minicompile.codegen.cpp_pieces import cut_loop, piece_edges
+from minicompile.codegen.cpp_pieces import cut_at_pieces
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
@@ -250,12 +250,8 @@ class CppKernel(KernelRenderer):
             headers.append(hdr)
         if self.plan.inline_trig:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
-        (v, size), edges = dims[-1], []
-        if simd_inner and len(dims) > 1 and is_static([size]) and not k.scratch:
-            edges = piece_edges(self.indices, v, size)
-        if edges:   # a concatenation read along the innermost loop: one loop per piece
-            return hoisted + nest(headers[:-1], cut_loop(headers[-1], v.name, size, edges, body))
-        return hoisted + nest(headers, body)
+        cut = cut_at_pieces(headers, dims, body, self.indices) if simd_inner and not k.scratch else None
+        return hoisted + (cut or nest(headers, body))   # a concatenation read: one loop per piece
 
     def _threads_pragma(self, clauses: str) -> str:
         """The outer loop's pragma: its own parallel region, or (in a group) a share of the

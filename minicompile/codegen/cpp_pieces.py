@@ -8,13 +8,29 @@ the concatenation of 5 pieces ran ten times slower than Inductor's, which writes
 into one buffer first. Cut that loop at the pieces' edges (one loop per range, the same body)
 and, in each, the C++ compiler knows the range of the loop variable: the clamps of the other
 pieces fold to constants, their comparisons to true or false, their loads and selects go
-away, and the one piece left is a unit-stride load it vectorises.
+away, and the one piece left is a unit-stride load it vectorises. In NCHW it is an outer loop.
 """
 from __future__ import annotations
 
+from minicompile.codegen.cpp_loops import nest
 from minicompile.ir.expr import Clamp, Expr, Var
 
 MAX_RANGES = 16   # a loop cut into more copies than this is left whole (code size)
+
+
+def cut_at_pieces(headers: list, dims: list, body: list, indices) -> list | None:
+    """A pointwise nest (``headers[d]``: loop d's pragmas and for-line) with its innermost loop that
+    has edges cut there (None: none has); an outer loop by a copy of the whole nest per piece, so a
+    parallel loop collapsing it stays a perfect nest. A flat loop is left whole."""
+    for d in reversed(range(len(dims)) if len(dims) > 1 else ()):
+        (var, size), inner = dims[d], d == len(dims) - 1
+        edges = piece_edges(indices, var, size) if isinstance(size, int) else []
+        bounds, out = [0, *edges, size], []
+        for lo, hi in zip(bounds, bounds[1:]) if edges else ():
+            loop = headers[d][:-1] + [f"for (int64_t {var.name} = {lo}; {var.name} < {hi}; ++{var.name})"]
+            out += nest([loop], body) if inner else nest(headers[:d] + [loop] + headers[d + 1:], body)
+        if out:
+            return nest(headers[:d], out) if inner else out
 
 
 def piece_edges(indices, var: Var, size: int) -> list:
@@ -35,15 +51,3 @@ def _clamps(e: Expr):
         if isinstance(atom, Clamp):
             yield atom
             yield from _clamps(atom.arg)
-
-
-def cut_loop(header: list, var: str, size: int, edges: list, body: list) -> list:
-    """The loop ``header`` (its pragma lines and its for-line over ``var``) as one loop per range
-    between ``edges``, each with ``body``."""
-    pragmas = header[:-1]
-    bounds = [0, *edges, size]
-    out = []
-    for lo, hi in zip(bounds, bounds[1:]):
-        out += pragmas + [f"for (int64_t {var} = {lo}; {var} < {hi}; ++{var})", "{"]
-        out += ["    " + b for b in body] + ["}"]
-    return out

@@ -59,31 +59,23 @@ def test_bench_models_batch_reaches_the_worker(tmp_path):
     assert "compile_s" not in result["minicompile"]   # no cold-compile process
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_suite_in_bfloat16_matches_eager(name, fresh_dynamo):
-    """``model.to(torch.bfloat16)`` with bfloat16 inputs, as CPU inference serves (bench --models --dtype bf16)."""
+NARROW = [(name, {"dtype": "bf16"}) for name in MODELS] + \
+    [(name, {"autocast": "bf16"}) for name in ("resnet18", "convnext", "vit", "gpt2", "bert", "llama")]
+
+
+@pytest.mark.parametrize("name, precision", NARROW, ids=[f"{n}-{next(iter(p))}" for n, p in NARROW])
+def test_suite_in_bfloat16_matches_eager(name, precision, fresh_dynamo):
+    """``model.to(torch.bfloat16)`` with bfloat16 inputs, as CPU inference serves (bench --models --dtype bf16),
+    and the forward under ``torch.autocast("cpu", torch.bfloat16)`` (--autocast bf16): the casts eager's
+    autocast inserts are traced into the graph."""
     _needs(name)
-    model, inputs = MODELS[name].build("tiny", dtype="bf16")
+    model, inputs = MODELS[name].build("tiny", **precision)
     with torch.no_grad():
         ref = model(*inputs)
     out, graphs = compile_with_dynamo(model, *inputs)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == ref.dtype and (out.dtype == torch.bfloat16 or "autocast" in precision)
     torch.testing.assert_close(out, ref, **BF16)
     assert len(graphs) == 1 and hasattr(graphs[0], "aten")   # one compiled graph, no fallback
-
-
-@pytest.mark.parametrize("name", ["resnet18", "convnext", "vit", "gpt2", "bert", "llama"])
-def test_suite_under_autocast_matches_eager(name, fresh_dynamo):
-    """The forward under ``torch.autocast("cpu", torch.bfloat16)`` (bench --models --autocast bf16):
-    the casts eager's autocast inserts are traced into the graph."""
-    _needs(name)
-    model, inputs = MODELS[name].build("tiny", autocast="bf16")
-    with torch.no_grad():
-        ref = model(*inputs)
-    out, graphs = compile_with_dynamo(model, *inputs)
-    assert out.dtype == ref.dtype
-    torch.testing.assert_close(out, ref, **BF16)
-    assert len(graphs) == 1 and hasattr(graphs[0], "aten")
 
 
 def test_bench_models_dtype_and_autocast_reach_the_worker(tmp_path, capsys):

@@ -117,12 +117,35 @@ class PerShapeGraph:
         self.compiled = {}
 
     def __call__(self, *args):
-        key = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                    for a in args)
+        key = signature(args)
         fn = self.compiled.get(key)
         if fn is None:
-            with patch(**self.knobs):
+            with patch(**self.knobs), kept_global_state():
                 fn = self.compiled[key] = compile_or_fallback(self.gm, list(args))
+        return fn(*args)
+
+
+def signature(args) -> tuple:
+    """What a per-shape build is keyed on: each tensor's sizes, strides, dtype, device (and whether it
+    requires grad), each other argument as it is."""
+    return tuple((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor)
+                 else a for a in args)
+
+
+class PerShapeTraining:
+    """A training graph our own front end captured with sizes that changed: its capture hands real
+    tensors, and the joint trace takes Dynamo's symbolic fakes, so each input signature gets a
+    training build of its own (static sizes inside), as inference's PerShapeGraph does."""
+
+    def __init__(self, gm: torch.fx.GraphModule, knobs: dict):
+        self.gm, self.knobs, self.built = gm, knobs, {}
+
+    def __call__(self, *args):
+        key = signature(args)
+        fn = self.built.get(key)
+        if fn is None:
+            with kept_global_state():
+                fn = self.built[key] = compile_training(self.gm, list(args), self.knobs, per_shape=True)
         return fn(*args)
 
 
@@ -145,17 +168,20 @@ def _compile_for_dynamo(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
     return with_call_time_knobs(compiled, knobs)
 
 
-def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict):
+def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict, per_shape: bool = False):
     """A graph whose inputs require grad: joint trace, partition, compiled forward and backward
     (aot/); a graph the training runtime cannot reproduce exactly runs eagerly, and the log says why."""
     with patch(**knobs):
         if config.cudagraphs:
             log_once("minicompile: CUDA graphs (mode='reduce-overhead'/'max-autotune', option 'cudagraphs') are "
                      "not applied to training graphs (inputs that require grad); they run without them.")
-    if has_symbolic_shapes(gm, example_inputs):
-        example_inputs = dynamo_fakes(list(example_inputs))
-        if example_inputs is None:
-            return _eager_training(gm, "dynamic shapes outside Dynamo (no symbolic inputs to trace with)")
+    if not per_shape and has_symbolic_shapes(gm, example_inputs):
+        fakes = dynamo_fakes(list(example_inputs))
+        if fakes is None:   # our own front end: real tensors only
+            log.info("minicompile: this training graph is compiled per shape (captured outside Dynamo, "
+                     "no symbolic inputs to trace with)")
+            return PerShapeTraining(gm, knobs)
+        example_inputs = fakes
     if has_data_dependent_sizes(gm):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:

@@ -153,3 +153,33 @@ def test_inductor_compiles_our_capture():
     assert compiled.capture_report.graph_count == 2
     with pytest.raises(RuntimeError, match="Unrecognized mode"):
         minicompile.compile(f, backend="inductor", mode="fastest")
+
+
+def test_training_over_changing_lengths_compiles_per_shape_and_keeps_the_generator():
+    """Our front end's training graph whose sizes changed was run eagerly ("dynamic shapes outside
+    Dynamo"): it is built per shape now. And a compile draws random inputs to time its choices: the
+    user's generator was moved by it (the next dropout mask would differ from eager's)."""
+    import copy
+    import logging
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    eager = copy.deepcopy(model)
+    compiled = minicompile.compile(model)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("minicompile").addHandler(handler)
+    try:
+        for t in (3, 5, 7):
+            x = torch.randn(2, t, 16)
+            torch.manual_seed(t)
+            compiled(x).square().mean().backward()
+            after_compiled = torch.rand(1)
+            torch.manual_seed(t)
+            eager(x).square().mean().backward()
+            assert torch.equal(after_compiled, torch.rand(1))   # the compile left the generator where eager's is
+            for p, q in zip(model.parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    finally:
+        logging.getLogger("minicompile").removeHandler(handler)
+    assert not any("runs eagerly" in r.getMessage() for r in records), [r.getMessage() for r in records]

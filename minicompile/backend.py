@@ -109,11 +109,15 @@ def _not_symbolic_reason(gm, example_inputs, knobs: dict) -> str | None:
 
 
 class PerShapeGraph:
-    """Compiles a dynamic-shape graph once per concrete input signature (shapes are static inside)."""
+    """Compiles a dynamic-shape graph once per concrete input signature (shapes are static inside):
+    inference's graphs the symbolic path cannot compile, and (``build``: compile_training) training
+    graphs our own front end captured with sizes that changed (its capture hands real tensors, and
+    the joint trace takes Dynamo's symbolic fakes)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, knobs: dict | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, knobs: dict | None = None, build=None):
         self.gm = gm
         self.knobs = knobs or {}
+        self.build = build or compile_or_fallback
         self.compiled = {}
 
     def __call__(self, *args):
@@ -121,7 +125,7 @@ class PerShapeGraph:
         fn = self.compiled.get(key)
         if fn is None:
             with patch(**self.knobs), kept_global_state():
-                fn = self.compiled[key] = compile_or_fallback(self.gm, list(args))
+                fn = self.compiled[key] = self.build(self.gm, list(args))
         return fn(*args)
 
 
@@ -130,23 +134,6 @@ def signature(args) -> tuple:
     requires grad), each other argument as it is."""
     return tuple((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor)
                  else a for a in args)
-
-
-class PerShapeTraining:
-    """A training graph our own front end captured with sizes that changed: its capture hands real
-    tensors, and the joint trace takes Dynamo's symbolic fakes, so each input signature gets a
-    training build of its own (static sizes inside), as inference's PerShapeGraph does."""
-
-    def __init__(self, gm: torch.fx.GraphModule, knobs: dict):
-        self.gm, self.knobs, self.built = gm, knobs, {}
-
-    def __call__(self, *args):
-        key = signature(args)
-        fn = self.built.get(key)
-        if fn is None:
-            with kept_global_state():
-                fn = self.built[key] = compile_training(self.gm, list(args), self.knobs, per_shape=True)
-        return fn(*args)
 
 
 def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
@@ -180,7 +167,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict, per_
         if fakes is None:   # our own front end: real tensors only
             log.info("minicompile: this training graph is compiled per shape (captured outside Dynamo, "
                      "no symbolic inputs to trace with)")
-            return PerShapeTraining(gm, knobs)
+            return PerShapeGraph(gm, knobs, lambda gm, args: compile_training(gm, args, knobs, per_shape=True))
         example_inputs = fakes
     if has_data_dependent_sizes(gm):
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")

@@ -22,6 +22,7 @@ from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
 from minicompile.codegen.cpp_pieces import cut_at_pieces
+from minicompile.codegen.cpp_same import code_key, forwarder
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
@@ -206,18 +207,24 @@ class CppKernel(KernelRenderer):
         return value
 
     def render(self) -> str:
-        body = ["    " + ln for ln in self._outer()]
+        self.body_lines = ["    " + ln for ln in self._outer()]
         named = {sym.name for sym in self.plan.symbols}
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
-        params = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}  // {a.describe()}" for a in self.args]
-        params += [f"int64_t {s}  // a size, known at call time" for s in self.size_args]
+        self.param_code = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}" for a in self.args]
+        self.param_code += [f"int64_t {s}" for s in self.size_args]
+        return "\n".join(self.header() + self.signature() + ["{"] + self.body_lines + ["}"])
+
+    def param_names(self) -> list:
+        """The parameters in order, as the wrapper passes them: buffers, then sizes."""
+        return [a.name for a in self.args] + self.size_args
+
+    def signature(self) -> list:
+        comments = [a.describe() for a in self.args] + ["a size, known at call time"] * len(self.size_args)
         linkage = "static" if self.in_group else 'extern "C"'  # a group member is called by its group only
-        lines = self.header() + [f"{linkage} void {self.k.name}("]
-        for i, p in enumerate(params):
-            code, comment = p.split("  // ")
-            lines.append(f"    {code}{',' if i < len(params) - 1 else ''}  // {comment}")
-        lines += [")", "{"] + body + ["}"]
-        return "\n".join(lines)
+        last = len(self.param_code) - 1
+        return ([f"{linkage} void {self.k.name}("]
+                + [f"    {code}{',' if i < last else ''}  // {comment}"
+                   for i, (code, comment) in enumerate(zip(self.param_code, comments))] + [")"])
 
     # -- loops ------------------------------------------------------------------------------
     def _outer(self) -> list:
@@ -529,11 +536,13 @@ class CppBackend:
         kernels = {k.name: CppKernel(k, graph.by_name, graph.mutations, graph.sources, symbols) for k in plan.kernels}
         for name in (name for g in plan.groups for name in g.kernels):
             kernels[name].in_group = True
-        units, args = [], {}
+        units, args, first_of = [], {}, {}
         for name, ck in kernels.items():
             if not ck.in_group:
-                units.append(ck.render())
-                args[name] = [a.name for a in ck.args] + ck.size_args
+                source = ck.render()
+                args[name] = ck.param_names()
+                first = first_of.setdefault(code_key(ck), ck)   # a repeated layer's kernel: built once
+                units.append(source if first is ck else forwarder(ck, first))
         for group in plan.groups:
             members = [kernels[name] for name in group.kernels]
             rendered = [ck.render() for ck in members]       # first: the group reads how each rendered

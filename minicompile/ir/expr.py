@@ -141,7 +141,13 @@ class Clamp(Atom):
 
 
 def _atom_key(a: Atom):
-    return (type(a).__name__, repr(a))
+    """The order of an Expr's terms. Each atom's key is kept on it: rendering a nested atom's repr
+    for every sort was most of the scheduler's time."""
+    key = a.__dict__.get("_key")
+    if key is None:
+        key = (type(a).__name__, repr(a))
+        object.__setattr__(a, "_key", key)   # frozen dataclasses: not a field, not in eq or hash
+    return key
 
 
 @dataclass(frozen=True)
@@ -160,10 +166,13 @@ class Expr:
 
     @staticmethod
     def _make(coefs: dict, const: int) -> "Expr":
-        coefs, extra = _fold_div_mod_pairs(coefs)
-        const += extra
-        terms = tuple(sorted(((a, c) for a, c in coefs.items() if c != 0), key=lambda t: _atom_key(t[0])))
-        return Expr(terms, const)
+        if any(type(a) is Mod for a in coefs):
+            coefs, extra = _fold_div_mod_pairs(coefs)
+            const += extra
+        terms = [(a, c) for a, c in coefs.items() if c != 0]
+        if len(terms) > 1:
+            terms.sort(key=lambda t: _atom_key(t[0]))
+        return Expr(tuple(terms), const)
 
     def _coefs(self) -> dict:
         return dict(self.terms)
@@ -542,10 +551,18 @@ class PythonRenderer(Renderer):
 
 
 def flat_index(index: list, strides) -> Expr:
-    out = Expr.of(0)
+    """sum(i * s): one Expr made for the sum, not one per term (most of the scheduler's time is
+    building index expressions); a symbolic stride multiplies as usual."""
+    coefs, const = {}, 0
     for i, s in zip(index, strides):
-        out = out + Expr.of(i) * s
-    return out
+        term = Expr.of(i)
+        if isinstance(s, Expr) and not s.is_const:
+            term, s = term * s, 1
+        s = int(s.const if isinstance(s, Expr) else s)
+        for a, c in term.terms:
+            coefs[a] = coefs.get(a, 0) + c * s
+        const += term.const * s
+    return Expr._make(coefs, const)
 
 
 def make_vars(prefix: str, sizes) -> list[Var]:

@@ -24,7 +24,7 @@ from minicompile.ir.graph import LoopGraph, recorded_body
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.groups import horizontal_groups
-from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, split_loops
+from minicompile.scheduler.kernel import CannotFuse, FusedKernel, Stage, plan_kernel, shared_recordings, split_loops
 
 
 @dataclass
@@ -161,8 +161,9 @@ def schedule(graph: LoopGraph, caps: BackendCaps) -> Schedule:
     later loop of the same kernel is kept in a row-sized array instead of memory."""
     buffers, reads = graph.buffers, graph.reads
     deps = _dependencies(graph, reads)
-    groups, group_of, failures = _fuse(buffers, reads, deps)
-    steps = _steps(_group_order(groups, group_of, deps), graph, reads, deps, caps)
+    with shared_recordings():
+        groups, group_of, failures = _fuse(buffers, reads, deps)
+        steps = _steps(_group_order(groups, group_of, deps), graph, reads, deps, caps)
     decisions = []
     for b in buffers:
         for d in sorted(deps[b.name]):

@@ -12,11 +12,13 @@ inner-space pointwise members and accumulates reductions.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, size_value, symbols_of
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, flat_index, size_value, symbols_of
 from minicompile.ir.nodes import Buffer, ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
@@ -47,11 +49,11 @@ def ranges_from_chain(pts) -> tuple:
 
 
 def flat_of(variables, sizes) -> Expr:
-    flat, acc = Expr.of(0), 1
-    for v, s in reversed(list(zip(variables, sizes))):
-        flat = flat + Expr.of(v) * acc
+    strides, acc = [], 1
+    for s in reversed(list(sizes)[:len(variables)]):
+        strides.append(acc)
         acc *= s
-    return flat
+    return flat_index(variables, strides[::-1])
 
 
 def unflatten(flat: Expr, sizes) -> list:
@@ -62,6 +64,21 @@ def unflatten(flat: Expr, sizes) -> list:
         out.append(Expr.of(0) if s <= 1 else (flat // acc) % s)  # size 0: the loop never runs
         acc *= max(s, 1)
     return list(reversed(out))
+
+
+# The bodies recorded while one schedule() runs (shared_recordings), by node and loops: the
+# fusion trials build kernel after kernel over the same nodes and loops, and recording a body
+# (building its index expressions) was most of the scheduler's time.
+_BODIES: contextvars.ContextVar = contextvars.ContextVar("minicompile_bodies", default=None)
+
+
+@contextlib.contextmanager
+def shared_recordings():
+    token = _BODIES.set({})
+    try:
+        yield
+    finally:
+        _BODIES.reset(token)
 
 
 @dataclass
@@ -129,11 +146,16 @@ class FusedKernel:
         key = (node.name, self.direct, self.level.get(node.name))
         rec = self._reads.get(key)
         if rec is None:
-            rec, (index, rindex) = RecordOps(), self.node_index(node)
-            if isinstance(node.data, Reduction):
-                node.data.body(rec, index, rindex)
-            else:
-                node.data.body(rec, index)
+            shared, same_loops = _BODIES.get(), (node, *key[1:], self.outer_ranges, self.inner_ranges)
+            rec = shared.get(same_loops) if shared is not None else None
+            if rec is None:
+                rec, (index, rindex) = RecordOps(), self.node_index(node)
+                if isinstance(node.data, Reduction):
+                    node.data.body(rec, index, rindex)
+                else:
+                    node.data.body(rec, index)
+            if shared is not None:
+                shared[same_loops] = rec
             self._reads[key] = rec
         return rec
 

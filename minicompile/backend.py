@@ -8,6 +8,7 @@ options={...})`` reaches us as keyword arguments: they set knobs for this graph
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -173,7 +174,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs, knobs: dict, per_
         return _eager_training(gm, "data-dependent sizes (nonzero, .item()) are not compiled for training yet")
     try:
         with patch(**knobs):
-            joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU))   # no stopwatch in make_fx
+            joint = measured_first(lambda: trace_joint(gm, list(example_inputs), CPU),   # no stopwatch in make_fx
+                                   keep=lambda joint, fix: replace(joint, choices=tuple(map(fix, joint.choices))))
             part = partition(joint, config.partitioner, config.checkpoint)
             if config.debug >= 2:
                 print(highlight(artifacts.training_text(joint, part, config.debug), "python"), end="")

@@ -65,14 +65,13 @@ def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
     if not measure:
         times = recorded_times(key)
         return None if times is None else Decision(pick(times, "mkl", ONEDNN_MARGIN), times=times, note=_GEMM_RULE)
+    measured = lambda choice: Decision(choice, times=recorded_times(key), note=_GEMM_RULE)  # noqa: E731
     with real_tensors():
         choice = choose(key, candidates, f"float32 product {m}x{k} ({layouts[0]}) @ {k}x{n} ({layouts[1]})",
-                        prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl")
+                        prefer="mkl", margin=ONEDNN_MARGIN, otherwise="mkl", line=lambda c: measured(c).line(what))
     if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
         return Decision("mkl", note="not measured yet")
-    decision = Decision(choice, times=recorded_times(key), note=_GEMM_RULE)
-    record(decision.line(what))
-    return decision
+    return measured(choice)
 
 
 def pinned_mode(knob: str, env: str, eager: str) -> tuple[str, str]:
@@ -257,14 +256,15 @@ def attention_decision(query, key, value, attn_mask=None, is_causal=False, scale
     if not measure:
         times = recorded_times(key_)
         return None if times is None else Decision(pick(times, "flash", FLASH_MARGIN), times=times, note=_FLASH_RULE)
+    def measured(choice):
+        times = recorded_times(key_)
+        return Decision(choice, times=times, note=_FLASH_RULE if times else "neither library call runs on this layout")
     with real_tensors():
-        choice = choose(key_, candidates, what, prefer="flash", margin=FLASH_MARGIN, otherwise="math")
+        choice = choose(key_, candidates, what, prefer="flash", margin=FLASH_MARGIN, otherwise="math",
+                        line=lambda c: measured(c).line(what))
     if choice is None:   # not measured yet: this trace is provisional (cpu/timing.measured_first)
         return Decision("flash", note="not measured yet")
-    times = recorded_times(key_)
-    decision = Decision(choice, times=times, note=_FLASH_RULE if times else "neither library call runs on this layout")
-    record(decision.line(what))
-    return decision
+    return measured(choice)
 
 
 # The math side's timing leaves out what our math form adds to the two products and the softmax:

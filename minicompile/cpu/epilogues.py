@@ -36,7 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from minicompile.config import config
 from minicompile.cpu.claims import ONEDNN_MARGIN, onednn_available, onednn_can_run, pinned_mode, size_hint
 from minicompile.cpu.prepare import Emitter
-from minicompile.cpu.timing import Decision, choose, cpu_name, real_tensors, record, recorded_times
+from minicompile.cpu.timing import Decision, choose, cpu_name, real_tensors, recorded_times
 from minicompile.decomp import activations
 from minicompile.runtime import cache
 
@@ -269,12 +269,12 @@ def _measure(m: Match) -> Decision:
     reps = _repeats(m)
     key = cache.digest("epilogue", torch.__version__, cpu_name(), str(torch.get_num_threads()), what,
                        f"separate unless fused {margin} faster", f"{reps} calls a run")
-    with real_tensors():
-        choice = choose(key, _candidates(m, reps), what, prefer="separate", margin=margin, otherwise="separate")
     rule = f"separate kept unless fused is {margin:.0%} faster; {reps} calls a run"
-    decision = Decision(choice or "separate", times=recorded_times(key), note=rule)
-    record(decision.line(f"epilogue {what}"))
-    return decision
+    measured = lambda choice: Decision(choice, times=recorded_times(key), note=rule)  # noqa: E731
+    with real_tensors():
+        choice = choose(key, _candidates(m, reps), what, prefer="separate", margin=margin, otherwise="separate",
+                        line=lambda c: measured(c).line(f"epilogue {what}"))
+    return measured(choice or "separate")
 
 
 # fused must win by this much: timed alone on a shared machine the two differ by noise where the

@@ -26,7 +26,10 @@ from minicompile.cpu.train_layout import channels_last_pays_in_training
 def _around_trace(functionalize, gm, ctx):
     """trace.functionalize with CPU convolutions fed channels-last, its library choices measured
     before the trace that is kept, never inside make_fx (cpu/timing.measured_first)."""
-    return measured_first(lambda: _channels_last_trace(functionalize, gm, ctx))
+    def keep(traced, fix):   # the provisional trace chose as measured: its header lines say so
+        ctx.choices[:] = map(fix, ctx.choices)
+        return traced
+    return measured_first(lambda: _channels_last_trace(functionalize, gm, ctx), keep)
 
 
 def _channels_last_trace(functionalize, gm, ctx):

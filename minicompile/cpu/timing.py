@@ -145,31 +145,45 @@ _PENDING: contextvars.ContextVar = contextvars.ContextVar("minicompile_cpu_pendi
 
 @dataclass(frozen=True)
 class Question:
-    """A library choice a trace asked for before it was measured: ``library_choice``'s arguments."""
+    """A library choice a trace asked for before it was measured: ``library_choice``'s arguments,
+    and how the ATen graph's header says the answer (``line``). Meanwhile the trace takes ``prefer``."""
     key: str
     candidates: dict
     what: str
     prefer: str | None
     margin: float
     otherwise: str | None
+    line: Callable | None = None
+
+    @property
+    def placeholder(self) -> str:
+        """The header line the provisional trace records, replaced by ``line(answer)`` when kept."""
+        return f"cpu: {self.what} -> measured after the trace ({self.key})"
 
 
 def choose(key: str, candidates: dict, what: str, prefer: str | None = None, margin: float = 0.0,
-           otherwise: str | None = None) -> str | None:
-    """``library_choice``; inside ``measured_first`` only a choice recorded already (in this process
-    or on disk), None for one not measured yet, which is left for ``measured_first`` to measure."""
+           otherwise: str | None = None, line: Callable | None = None) -> str | None:
+    """``library_choice``, its header line ``line(choice)`` recorded; inside ``measured_first`` only
+    a choice recorded already (in this process or on disk), None for one not measured yet, which is
+    left for ``measured_first`` to measure (the trace goes on with ``prefer``)."""
     pending = _PENDING.get()
     if pending is None:
-        return library_choice(key, candidates, what, prefer, margin, otherwise)
-    if key in _library_choices:
-        return _library_choices[key]
-    times = _library_times.get(key) or load_timings(key)
-    if times is None or set(times) != set(candidates):
-        pending.append(Question(key, candidates, what, prefer, margin, otherwise))
-        return None
-    _library_times[key] = times
-    _library_choices[key] = pick(times, prefer, margin)
-    return _library_choices[key]
+        choice = library_choice(key, candidates, what, prefer, margin, otherwise)
+    elif key in _library_choices:
+        choice = _library_choices[key]
+    else:
+        times = _library_times.get(key) or load_timings(key)
+        if times is None or set(times) != set(candidates):
+            question = Question(key, candidates, what, prefer, margin, otherwise, line)
+            pending.append(question)
+            if line is not None:
+                record(question.placeholder)
+            return None
+        _library_times[key] = times
+        choice = _library_choices[key] = pick(times, prefer, margin)
+    if line is not None:
+        record(line(choice))
+    return choice
 
 
 def pick(times: dict, prefer: str | None, margin: float) -> str:
@@ -178,10 +192,13 @@ def pick(times: dict, prefer: str | None, margin: float) -> str:
     return prefer if prefer in times and times[choice] > times[prefer] * (1 - margin) else choice
 
 
-def measured_first(trace: Callable):
+def measured_first(trace: Callable, keep: Callable | None = None):
     """``trace()`` with its library choices measured outside it: run once where an unmeasured choice
-    only leaves a Question (the provisional graph is dropped), measure those, run again with every
-    answer recorded. Only the first compile of a shape on a machine traces twice."""
+    only leaves a Question (the trace goes on with the question's ``prefer``), measure those, and run
+    again with every answer recorded. Only the first compile of a shape on a machine traces twice,
+    and not even that where every answer is what the trace took: then ``keep(result, fix)`` returns
+    the provisional result with its header lines passed through ``fix`` (placeholder -> the
+    measured line); without ``keep`` the trace always runs again."""
     for _ in range(3):
         pending = []
         token = _PENDING.set(pending)
@@ -191,9 +208,14 @@ def measured_first(trace: Callable):
             _PENDING.reset(token)
         if not pending:
             return result
+        answers = []
         for q in pending:
             with real_tensors():
-                _library_choices[q.key] = library_choice(q.key, q.candidates, q.what, q.prefer, q.margin, q.otherwise)
+                answers.append(library_choice(q.key, q.candidates, q.what, q.prefer, q.margin, q.otherwise))
+            _library_choices[q.key] = answers[-1]
+        if keep is not None and all(a == q.prefer for q, a in zip(pending, answers)):
+            lines = {q.placeholder: q.line(a) for q, a in zip(pending, answers) if q.line is not None}
+            return keep(result, lambda line: lines.get(line, line))
     return trace()
 
 

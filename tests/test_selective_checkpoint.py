@@ -132,6 +132,17 @@ def test_must_recompute_is_never_saved_under_min_cut(fresh_dynamo):
     assert "aten.bmm.default" not in _recomputed_ops(_one_training_graph(graphs).report)
 
 
+def test_dropout_in_a_selective_checkpoint_trains_as_eager(fresh_dynamo):
+    """Dropout inside regions with a policy: the trace caches every value, and dropout's in-place
+    draw wrote one it had cached ("Tensor cached during selective activation checkpoint has been
+    mutated", where eager's cache holds only what the policy saves); the forward's masks are kept."""
+    context_fn = functools.partial(create_selective_checkpoint_contexts, LINEAR_PRODUCTS)
+    got, ref, graphs = _compiled_vs_eager(lambda: SelectiveBlock(context_fn, dropout=0.2))
+    _assert_same(got, ref)
+    line = _one_training_graph(graphs).report.checkpoint
+    assert "random draws kept from the forward" in line and "3 saved for the backward" in line, line
+
+
 CONTEXTS = {"plain": None, "selective": functools.partial(create_selective_checkpoint_contexts, LINEAR_PRODUCTS)}
 
 

@@ -32,8 +32,8 @@ compiled backward does not reproduce: such a graph runs eagerly (aot/joint.py
 In-place ops that composite kernels leave inside a region (dropout's ``bernoulli_`` and ``div_``
 on its ``empty_like``) change a value after the checkpoint's cache took it, which torch's cache
 refuses; the joint trace rewrites them functional afterwards (aot/trace.py ``leftover_inplace``),
-so each region body is traced with the same always-recompute policy that allows it
-(``tolerant_bodies``).
+so each region body is traced with the same always-recompute policy that allows it, or with the
+user's policy told to allow it (``tolerant_bodies``).
 """
 from __future__ import annotations
 
@@ -139,21 +139,32 @@ _TOLERANT = functools.partial(create_selective_checkpoint_contexts, _always_reco
 @contextlib.contextmanager
 def tolerant_bodies(gm: torch.fx.GraphModule):
     """While tracing: checkpoint bodies without a policy of the user's (``context_fn``) recompute
-    everything, and a value cached by the checkpoint may be written in place afterwards."""
+    everything, and a value cached by the checkpoint may be written in place afterwards (under a
+    user's policy too: eager's cache holds only what the policy saves, the trace's holds every value)."""
     bodies = [getattr(n.graph.owning_module, n.args[0].target) for n in _checkpoint_calls(gm)
               if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"]
-    bodies = [b for b in bodies if "_checkpoint_context_fn" not in b.meta]
+    users = {b: b.meta.get("_checkpoint_context_fn") for b in bodies}
     quiet = logging.getLogger("torch._higher_order_ops.wrap")   # its "context_fn is passed" warning
     level = quiet.level
-    for b in bodies:
-        b.meta["_checkpoint_context_fn"] = _TOLERANT
+    for b, user in users.items():
+        b.meta["_checkpoint_context_fn"] = _TOLERANT if user is None else functools.partial(_mutation_allowed, user)
     quiet.setLevel(logging.ERROR)
     try:
         yield
     finally:
         quiet.setLevel(level)
-        for b in bodies:
-            b.meta.pop("_checkpoint_context_fn", None)
+        for b, user in users.items():
+            if user is None:
+                b.meta.pop("_checkpoint_context_fn", None)
+            else:
+                b.meta["_checkpoint_context_fn"] = user
+
+
+def _mutation_allowed(context_fn):
+    forward, recompute = context_fn()
+    if hasattr(recompute, "allow_cache_entry_mutation"):    # torch's _CachedTorchDispatchMode
+        recompute.allow_cache_entry_mutation = True
+    return forward, recompute
 
 
 def _checkpoint_calls(gm: torch.fx.GraphModule) -> list:

@@ -100,6 +100,28 @@ def test_policy_function_saving_attention_products(fresh_dynamo):
     assert "aten.bmm.default" not in ops and {"aten.exp.default", "aten.erf.default"} <= ops, ops
 
 
+def test_counting_policy_with_fresh_state_per_context(fresh_dynamo):
+    """A policy that counts its calls, with its counter made in each ``context_fn()`` call (as
+    torchtitan's "save every other mm"): here each region's first ``addmm`` is saved. The trace
+    asks the policy once per forward it runs, each time from a fresh context, so its answers are
+    eager's: qkv's product in the attention region, the MLP's first in the other."""
+    def context_fn():
+        count = [0]
+
+        def policy(ctx, op, *args, **kwargs):
+            if op == aten.addmm.default:
+                count[0] += 1
+                if count[0] == 1:
+                    return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    got, ref, graphs = _compiled_vs_eager(lambda: SelectiveBlock(context_fn))
+    _assert_same(got, ref)
+    report = _one_training_graph(graphs).report
+    assert _kept(report) == [[16, 96], [16, 128]], report
+    assert "the policy keeps 4 value(s)" in report.checkpoint, report.checkpoint
+
+
 @pytest.mark.parametrize("mode", ["recompute", "min_cut"])
 def test_must_save_and_prefer_save(mode, fresh_dynamo):
     """GELU's output marked MUST_SAVE is computed once and saved (the MLP's second product reads

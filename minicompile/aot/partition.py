@@ -16,7 +16,8 @@ convolutions, reductions, random ops and externs are always computed once, in th
 Values computed inside a ``torch.utils.checkpoint`` region are the exception (aot/checkpoint.py):
 under the ``recompute`` policy they cannot be saved (no edge of finite capacity) and any op may
 be recomputed, whatever its cost or chain length, so backward recomputes the region from what
-flowed into it, as eager does; the report says what the regions held and what became of it.
+flowed into it, as eager does; values a selective policy saves (MUST_SAVE, PREFER_SAVE) are
+computed once, as the banned ones; the report says what the regions held and what became of it.
 The joint's input write-backs (``copy_`` into a mutated input, aot/joint.py) go to the forward
 graph, so BatchNorm's running statistics are updated once per forward, as eager does.
 (Max pooling's int64 indices were rewritten by the joint trace's last pass, so that one byte per
@@ -63,18 +64,19 @@ class PartitionReport:
     save_all_bytes: int = 0
     checkpointed: list = field(default_factory=list)   # names of recomputed nodes a checkpoint region made
     checkpoint: str = ""                               # the checkpoint line (aot/checkpoint.py); "" without regions
+    kept: list = field(default_factory=list)           # names of saved values a checkpoint's policy keeps
 
     @property
     def saved_bytes(self) -> int:
         return sum(s.nbytes for s in self.saved)
 
     def __str__(self) -> str:
-        marked = set(self.checkpointed)
+        marked, kept = set(self.checkpointed), set(self.kept)
         saving = self.save_all_bytes - self.saved_bytes
         lines = [f"partition ({self.mode}): {len(self.saved)} saved tensor(s), {self.saved_bytes} bytes; "
                  f"save_all: {self.save_all_bytes} bytes; saving {saving} bytes",
                  *(f"  saved {s.name}: {list(s.shape)} {str(s.dtype).replace('torch.', '')} ({s.nbytes} bytes)"
-                   for s in self.saved),
+                   f"{' (checkpoint policy)' if s.name in kept else ''}" for s in self.saved),
                  *(f"  recomputed {r}{' (checkpointed)' if r.split(' = ')[0] in marked else ''}"
                    for r in self.recomputed)]
         return "\n".join(lines + ([self.checkpoint] if self.checkpoint else []))
@@ -108,7 +110,9 @@ def partition(joint: JointGraph, mode: str = "min_cut", checkpoint: str = "recom
     if view.region:
         saved = {n for n in view.nodes if n.name in {s.name for s in report.saved}}
         report.checkpointed = [n.name for n in view.region if n in in_backward]
-        report.checkpoint = ckpt.summary(checkpoint if mode == "min_cut" else mode, view.region, in_backward, saved)
+        report.kept = [n.name for n in view.region if n in view.kept and n in saved]
+        report.checkpoint = ckpt.summary(checkpoint if mode == "min_cut" else mode, view.region, in_backward, saved,
+                                         view.kept if mode == "min_cut" else set())
     steps = [(mode, t1 - t0), ("split", time.perf_counter() - t1)]
     part.stamps = (*joint.constructed_by, tuple(steps))
     return part
@@ -130,7 +134,9 @@ class JointView:
         self.needed = self._ancestors([g for g in self.grads if isinstance(g, torch.fx.Node)])
         forward = set(self.nodes) - self.tangent_dependent
         self.region = ckpt.regions(self.nodes, forward)       # checkpointed node -> region id
-        self.always_recomputed = ckpt.always_recomputed(self.region, forward, checkpoint)
+        backward_made = ckpt.made_by_backward(self.nodes, self.tangent_dependent) if self.region else set()
+        self.always_recomputed = ckpt.always_recomputed(self.region, forward, checkpoint, backward_made)
+        self.kept = ckpt.kept(self.region, checkpoint)             # a selective policy's saves
 
     def _descendants(self, roots) -> set:
         seen = set(roots)
@@ -264,11 +270,15 @@ def min_cut(view: JointView) -> set:
 def _capacity(node: torch.fx.Node, view: JointView) -> dict:
     """Saving a tensor costs its bytes, a symbolic number (a size: ``sym_size``, SymInt arithmetic)
     8, an input nothing (the caller holds it anyway); a node that is not one tensor or number (a
-    tuple), or that a checkpoint region recomputes, cannot be saved."""
+    tuple), or that a checkpoint region recomputes, cannot be saved. Where a checkpoint's policy
+    keeps values, a cut of the same bytes that saves them is preferred (its value, not a view of it
+    or what the backward makes of it: the value eager's checkpoint keeps)."""
     if (not isinstance(node.meta.get("val"), (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool))
             or node in view.always_recomputed):
         return {}
-    return {"capacity": 0 if node in view.primals else nbytes(node)}
+    if node in view.primals:
+        return {"capacity": 0}
+    return {"capacity": 2 * nbytes(node) + (node not in view.kept) if view.kept else nbytes(node)}
 
 
 # Comparisons whose answer depends on every bit of both operands.
@@ -288,6 +298,10 @@ def _banned(view: JointView) -> set:
     for n in view.nodes:
         if n.op != "call_function" or n in view.tangent_dependent or n in view.always_recomputed:
             depth[n] = 0    # a checkpointed value is recomputed whatever it costs
+            continue
+        if n in view.kept:  # a checkpoint's policy saves it: computed once
+            banned.add(n)
+            depth[n] = 0
             continue
         cheap = n.target in RECOMPUTABLE and not (isinstance(n.target, torch._ops.OpOverload)
                                                   and torch.Tag.nondeterministic_seeded in n.target.tags)

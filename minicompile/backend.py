@@ -27,6 +27,7 @@ from minicompile.pipeline import CompiledGraph, compile_aten, compile_graph
 from minicompile.report import artifacts
 from minicompile.report.highlight import highlight
 from minicompile.runtime import CompilerNotFound, autotune, cache
+from minicompile.runtime.cpp_build import start_precompiled_prelude
 from minicompile.runtime.cudagraphs import CUDAGraphRunner
 
 log = logging.getLogger("minicompile")
@@ -142,6 +143,7 @@ def minicompile_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, opt
 
     ``mode`` and ``options`` are torch.compile's: a mode is a set of knobs (config.MODES), options
     name knobs; both apply to this graph only. Unknown ones raise, listing the valid ones."""
+    start_precompiled_prelude()   # in the background, while this graph is traced
     with kept_global_state():
         return _compile_for_dynamo(gm, example_inputs, graph_knobs(mode, options))
 

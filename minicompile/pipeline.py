@@ -35,6 +35,7 @@ from minicompile.cpu import CPU
 from minicompile.ir.graph import LoopGraph
 from minicompile.lowering import lower
 from minicompile.runtime import cache
+from minicompile.runtime.cpp_build import start_precompiled_prelude
 from minicompile.scheduler.fusion import Schedule, schedule
 from minicompile.testing.check import DifferentialCheck
 from minicompile.report import artifacts
@@ -161,6 +162,7 @@ def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list, title: str
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",
                    title: str | None = None) -> CompiledGraph:
     t = StageTimer()
+    start_precompiled_prelude()   # in the background, while the graph is traced
     out_spec = _output_spec(gm)
     aten = t(stage, to_aten or _trace, gm, list(example_inputs))   # aot/ + decomp/, with the CPU's policy
     be = BACKENDS[_pick_backend(aten.gm)]

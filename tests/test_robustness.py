@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 import warnings
 
 import pytest
@@ -76,6 +77,12 @@ def test_processes_building_the_same_entries_at_once(tmp_path):
     for p in procs:
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0, 0]
+    # the precompiled prelude is built by a process of its own (runtime/cpp_build.py), which
+    # finishes and commits it after the process that started it ended
+    for _ in range(600):
+        if not glob.glob(str(tmp_path / "pch" / "**" / "*.tmp*"), recursive=True):
+            break
+        time.sleep(0.1)
     assert not glob.glob(str(tmp_path / "**" / "*.tmp"), recursive=True)
 
 
@@ -168,3 +175,36 @@ def _unwritable_case(path, monkeypatch, make_readonly):
         if make_readonly:
             os.chmod(path, 0o700)
     assert config.cache_dir != str(path)
+
+
+def test_the_precompiled_prelude_is_built_in_the_background_used_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    """runtime/cpp_build.py: GCC reads the prelude precompiled once it is built; a damaged one is
+    built again, never used; a build before it is ready reads the header itself."""
+    import subprocess
+    if "Free Software Foundation" not in cpp_build._compiler_version(cpp_build.compiler()):
+        pytest.skip("precompiled headers are built for GCC only; this compiler reads the header itself")
+
+    def built() -> str:
+        monkeypatch.setattr(cpp_build, "_pch", {"started": False, "dir": None})
+        cpp_build.start_precompiled_prelude()
+        for t in threading.enumerate():
+            if t.name == "minicompile-pch":
+                t.join()
+        assert cpp_build._pch["dir"] is not None
+        return os.path.join(cpp_build._pch["dir"], cpp_build.PRELUDE_HEADER + ".gch")
+    with config_patch(cache_dir=str(tmp_path)):
+        gch = built()
+        assert cache.is_valid(gch)
+        src = tmp_path / "unit.cpp"
+        src.write_text(f'#include "{cpp_build.PRELUDE_HEADER}"\nextern "C" float kernel0(float x) {{ return std::exp(x); }}\n')
+        flags = [f for f in cpp_build.CXXFLAGS if f != "-shared"]
+        shown = subprocess.run([cpp_build.compiler(), *flags, "-H", *cpp_build._include_flags(), "-c", str(src),
+                                "-o", str(tmp_path / "unit.o")], capture_output=True, text=True)
+        assert shown.returncode == 0 and f"! {gch}" in shown.stderr, shown.stderr[:2000]   # '!': used
+        with open(gch, "r+b") as f:     # damaged: its checksum no longer matches, so it is built again
+            f.truncate(1000)
+        assert not cache.is_valid(gch)
+        assert built() == gch and cache.is_valid(gch)
+        x, y = torch.randn(6, 33), torch.randn(6, 33)
+        for o, r in zip(_compile(_fn, x, y)(x, y), _fn(x, y)):
+            torch.testing.assert_close(o, r)

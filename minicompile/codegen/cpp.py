@@ -22,7 +22,7 @@ from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
 from minicompile.codegen.cpp_pieces import cut_at_pieces
-from minicompile.codegen.cpp_same import code_key, forwarder
+from minicompile.codegen.same_code import code_key, cpp_forwarder
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
@@ -541,8 +541,8 @@ class CppBackend:
             if not ck.in_group:
                 source = ck.render()
                 args[name] = ck.param_names()
-                first = first_of.setdefault(code_key(ck), ck)   # a repeated layer's kernel: built once
-                units.append(source if first is ck else forwarder(ck, first))
+                first = first_of.setdefault(code_key(ck.param_code + ck.body_lines, ck.param_names()), ck)
+                units.append(source if first is ck else cpp_forwarder(ck, first))   # a repeated layer's: built once
         for group in plan.groups:
             members = [kernels[name] for name in group.kernels]
             rendered = [ck.render() for ck in members]       # first: the group reads how each rendered

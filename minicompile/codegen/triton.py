@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.same_code import code_key
 from minicompile.codegen.triton_flex import render_flex_triton
 from minicompile.codegen.triton_ops import PRELUDE, REDUCTIONS, TL, TritonRenderer, literal, template
 from minicompile.config import config
@@ -212,6 +213,8 @@ class TritonKernel(KernelRenderer):
             lines.append(f"    RBLOCK: tl.constexpr,  # reduced elements per row held at once: {what}")
         lines.append("):")
         lines += ["    " + ln if ln else "" for ln in body]
+        # what decides whether two kernels are the same code: all but the comments and the name
+        self.code_lines = [ln.split("  # ")[0] for ln in lines[lines.index("@triton.jit") + 2:]]
         return "\n".join(lines)
 
     def describe(self) -> str:
@@ -362,10 +365,15 @@ class TritonBackend:
         buffers = graph.by_name
         parts, args, launch = ["# minicompile: Triton kernels for one graph", PRELUDE], {}, {}
         symbols = tuple(graph.symbols)
+        first_of = {}
         for kernel in plan.kernels:
             tk = TritonKernel(kernel, buffers, graph.mutations, graph.sources, symbols)
-            parts += ["", tk.render(), ""]
+            source = tk.render()
             args[kernel.name] = [a.name for a in tk.args] + tk.size_args
+            first = first_of.setdefault(code_key(tk.code_lines, args[kernel.name]), kernel.name)
+            if first != kernel.name:   # a repeated layer's kernel: Triton compiles it once (codegen/same_code.py)
+                source = "\n".join(tk.header() + [f"{kernel.name} = {first}  # the same code as {first}, on this kernel's buffers"])
+            parts += ["", source, ""]
             extent = lambda n: n if isinstance(n, int) else str(n)  # noqa: E731 - Python source over the sizes
             launch[kernel.name] = {"xnumel": extent(tk.xnumel), "rnumel": extent(tk.rnumel) if tk.reduction else None,
                                    "persistent": tk.persistent, "written": [a.name for a in tk.args if a.written]}

@@ -1,7 +1,11 @@
-"""Kernels with the same code are built once (codegen/cpp_same.py): a repeated layer's kernels
-become forwarders to the first layer's, and the results stay eager's. Kernels that differ in
-anything but their buffers (a constant, a size, a layout) keep their own code."""
+"""Kernels with the same code are built once (codegen/same_code.py): a repeated layer's kernels
+refer to the first layer's (C++: forwarders; Triton: the same function), and the results stay
+eager's. Kernels that differ in anything but their buffers (a constant, a size) keep their own code."""
+import pytest
 import torch
+
+from minicompile.codegen import BACKENDS
+from minicompile.config import patch
 
 from tests.helpers import check, compile_fn
 
@@ -52,3 +56,16 @@ def test_a_repeated_kernel_over_symbolic_sizes_passes_its_own_sizes(compiles, fr
         torch.testing.assert_close(compiled(y, *ws), layers(y, *ws))
     assert len(compiles) == 1 and "int64_t s" in compiles[0].kernel_source, compiles
     assert "the same code as" in compiles[0].kernel_source, compiles[0].kernel_source
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="triton is not installed")
+def test_triton_binds_a_repeated_kernel_to_the_first_function():
+    """In the interpreter (CPU tensors): one @triton.jit function for the three layers."""
+    torch.manual_seed(0)
+    with patch(cpu_backend="triton"):
+        c = check(layers, torch.randn(4, 16), *(torch.randn(16, 16) / 4 for _ in range(3)))
+        source = c.kernel_source
+        assert c.backend == "triton" and c.num_kernels == 3, c.explain()
+        assert source.count("@triton.jit\ndef kernel") == 1 and source.count("= kernel0_sum  # the same code as kernel0_sum") == 2, source
+        c = check(scaled_layers, torch.randn(4, 16), torch.randn(16, 16) / 4)
+        assert c.kernel_source.count("@triton.jit\ndef kernel") == 3, c.kernel_source

@@ -307,6 +307,15 @@ def test_cold_compile_env_empties_every_cache_inductor_reads(tmp_path):
     assert env["MINICOMPILE_CACHE_DIR"].startswith(str(tmp_path)) and "MINICOMPILE_DEBUG" not in env
 
 
+def test_cold_compile_measures_dynamos_floor_with_the_eager_backend():
+    # the floor both compilers share (Dynamo's capture and an eager first step), docs/training.md
+    from minicompile.tools.cold_compile import measure
+    floor = measure("train", "mlp", "tiny", "eager")
+    ours = measure("train", "mlp", "tiny", "minicompile", MINICOMPILE_FALLBACK="0")
+    assert "error" not in floor and "error" not in ours, (floor, ours)
+    assert 0 < floor["compile_s"] < ours["compile_s"], (floor, ours)
+
+
 def _dynamic_row(stdout: str, workload: str) -> list:
     return next(line for line in stdout.splitlines() if line.startswith(workload + " ")).split()
 

@@ -1,7 +1,7 @@
 """Cold compile time: one compiler, one workload, its first call, in a fresh process with empty caches.
 
     python -m minicompile.tools.cold_compile --kind train|train_models|models --workload NAME --size SIZE
-                                              --compiler minicompile|inductor --result FILE.json
+                                              --compiler minicompile|inductor|eager --result FILE.json
                                               [--autocast bf16|fp16]
 
 ``bench --train``, ``bench --train --models`` and ``bench --models`` time both compilers in one process, where the second
@@ -25,6 +25,8 @@ All of them point into one new temporary directory per measurement. Timed: the f
 included, after torch is imported, the model built and run eagerly once, and the compiler's
 own package imported through Dynamo's backend registry (reported apart as ``import_s``; Inductor's
 is the larger).
+``--compiler eager`` (Dynamo's ``backend="eager"``) measures the floor both compilers share:
+Dynamo's capture and an eager first step.
 The callers pass the minicompile settings of their timed run (``bench --train``: compile errors
 raise, MINICOMPILE_FALLBACK=0, so a cold time is never an eager fallback's).
 """
@@ -126,7 +128,7 @@ def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None
         batch: int | None = None, dtype: str | None = None) -> dict:
     given = dict(autocast=autocast, batch=batch, dtype=dtype)
     first_call = FIRST_CALL[kind](workload, size, **{k: v for k, v in given.items() if v})
-    backend = "minicompile" if compiler == "minicompile" else "inductor"
+    backend = compiler if compiler in ("minicompile", "eager") else "inductor"
     t0 = time.perf_counter()
     torch._dynamo.lookup_backend(backend)   # imports the compiler: Dynamo's registry loads it
     import_s = time.perf_counter() - t0
@@ -140,7 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--kind", choices=sorted(FIRST_CALL), required=True)
     p.add_argument("--workload", required=True)
     p.add_argument("--size", required=True)
-    p.add_argument("--compiler", choices=["inductor", "minicompile"], required=True)
+    p.add_argument("--compiler", choices=["inductor", "minicompile", "eager"], required=True)
     p.add_argument("--result", required=True)
     p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models, models: the forward under CPU autocast")
     p.add_argument("--batch", type=int, help="models: the inputs' batch size")

@@ -15,6 +15,8 @@ one temporary per value, as CppOps does for C++.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +47,8 @@ class TV:
     expr: str
     dtype: torch.dtype
     groups: frozenset = frozenset()
+    tensor: bool = False     # ``expr`` is a Triton tensor (a temporary, a tl.full), not a bare literal
+    number: object = None    # the Python number a bare literal spells (None otherwise)
 
     def __str__(self):
         return self.expr
@@ -69,7 +73,7 @@ class TritonOps:
             return self.cse[key]
         name = f"tmp{next(self.kernel.counter)}"
         self.lines.append(f"{name} = {expr}")
-        value = TV(name, dtype, frozenset(groups))
+        value = TV(name, dtype, frozenset(groups), tensor=True)
         self.kernel.groups_of[name] = value.groups
         self.cse[key] = value
         return value
@@ -101,13 +105,12 @@ class TritonOps:
         return self._tmp(compute_dtype(dtype), raw, groups)
 
     def constant(self, value, dtype):
-        dtype = compute_dtype(dtype)
-        return TV(literal(value, dtype), dtype)
+        return _constant(value, compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
         groups = self.kernel.index_groups(expr)
         if expr.is_const:
-            return TV(literal(expr.const, dtype), dtype)
+            return _constant(expr.const, dtype)
         if not groups:  # sizes only: Triton passes an int argument equal to 1 as a constexpr, which has no .to
             return self._tmp(dtype, f"tl.full([], {_R.render(expr)}, tl.int64).to({TL[dtype]})", groups)
         return self._tmp(dtype, f"({_R.render(expr)}).to({TL[dtype]})", groups)
@@ -120,8 +123,8 @@ class TritonOps:
             return self._tmp(torch.float32, f"{x}.to({TL[dtype]}).to(tl.float32)", x.groups)
         if x.dtype == dtype:
             return x
-        if not x.groups and x.expr in ("True", "False") or _is_number(x.expr):
-            return TV(literal(_number(x.expr), dtype), dtype)
+        if x.number is not None:   # a bare literal converts as a literal
+            return _constant(x.number, dtype)
         return self._tmp(dtype, f"{_as_tensor(x)}.to({TL[dtype]})", x.groups)
 
     def pointwise(self, op, *args, dtype):
@@ -135,23 +138,23 @@ class TritonOps:
         return self._tmp(dtype, expr, groups)
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _number(text: str):
-    if text in ("True", "False"):
-        return text == "True"
-    return float(text) if any(c in text for c in ".en") else int(text)
+def _constant(value, dtype: torch.dtype) -> TV:
+    """A constant of ``dtype`` (triton_ops.literal): float64 and an int64 beyond int32 are spelled
+    as a tl.full tensor; inf and nan as ``float('inf')``, a literal but not a plain number."""
+    if dtype == torch.bool:
+        full, number = False, bool(value)
+    elif dtype.is_floating_point:
+        full = dtype == torch.float64
+        number = None if full or not math.isfinite(float(value)) else float(value)
+    else:
+        full = dtype == torch.int64 and not -2 ** 31 <= int(value) < 2 ** 31
+        number = None if full else int(value)
+    return TV(literal(value, dtype), dtype, tensor=full, number=number)
 
 
 def _as_tensor(x: TV) -> str:
     """``.to`` needs a tensor: a bare literal becomes a 0-d one."""
-    if x.groups or x.expr.startswith("tmp") or x.expr.startswith("tl."):
+    if x.groups or x.tensor:
         return x.expr
     return f"tl.full([], {x.expr}, {TL[x.dtype]})"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ import threading
 
 from minicompile.config import config
 from minicompile.runtime import cache
+
+log = logging.getLogger("minicompile")
 
 # -mprefer-vector-width=512: g++ otherwise keeps to 256-bit vectors on AVX-512 machines; the
 # full width (and glibc's 16-lane math) ran the fused kernels 15-25% faster here. Machines
@@ -103,7 +106,14 @@ def start_precompiled_prelude() -> None:
     except CompilerNotFound:
         return
     if "Free Software Foundation" in _compiler_version(cxx) and "clang" not in _compiler_version(cxx):
-        threading.Thread(target=_build_pch, args=(cxx,), daemon=True, name="minicompile-pch").start()
+        threading.Thread(target=_build_pch_quietly, args=(cxx,), daemon=True, name="minicompile-pch").start()
+
+
+def _build_pch_quietly(cxx: str) -> None:
+    try:
+        _build_pch(cxx)
+    except Exception as e:   # noqa: BLE001 - an optimisation: builds read the header without it
+        log.debug("minicompile: the precompiled prelude was not built (%s: %s)", type(e).__name__, e)
 
 
 def _build_pch(cxx: str) -> None:

@@ -21,6 +21,13 @@ if "minicompile" not in torch._dynamo.list_backends(exclude_tags=()):
 TEST_CACHE_DIR = os.environ.get("MINICOMPILE_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
                                                                         "minicompile-test-cache")
 
+# Under pytest-xdist (pyproject's addopts: two workers on the 2-core machine) each worker computes
+# on one thread, and so do the Pythons the tests start: two workers of two OpenMP threads each
+# oversubscribe the cores, and OpenMP's barriers then wait on a thread that is not running.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # Eager's first OpenMP parallel region in a process sometimes computes its second thread's share
 # of sin/cos/exp ~1e-4 off (torch 2.13 CPU build, about 1 fresh process in 10; docs/testing.md):
 # run one before any test takes an eager reference.

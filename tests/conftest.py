@@ -90,16 +90,37 @@ def pytest_configure(config):
     config.run_started = time.time()
 
 
+# Under pytest-xdist the controller collects nothing, so it never sees the slow tests deselected:
+# each worker (all collect the same tests) sends its count back in ``workeroutput``.
+_deselected = [0]
+
+
+def pytest_deselected(items):
+    _deselected[0] += len(items)
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["deselected"] = _deselected[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _deselected[0] = max(_deselected[0], getattr(node, "workeroutput", {}).get("deselected", 0))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     path = config.getoption("--record-run")
     if not path:
         return
     stats = terminalreporter.stats
     counts = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup", None)])
-              for k in ("passed", "failed", "skipped", "xfailed", "error", "deselected")}
+              for k in ("passed", "failed", "skipped", "xfailed", "error")}
+    counts["deselected"] = max(len(stats.get("deselected", [])), _deselected[0])
     record = {"command": "python -m pytest " + " ".join(config.invocation_params.args),
               "counts": counts, "duration_s": round(time.time() - config.run_started, 1),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+              "workers": config.getoption("numprocesses", None) or 1,
               "load_average_at_end": round(os.getloadavg()[0], 1), "python": platform.python_version(),
               "torch": torch.__version__, "exit_status": int(exitstatus)}
     with open(path, "w") as f:

@@ -24,14 +24,31 @@ TEST_CACHE_DIR = os.environ.get("MINICOMPILE_CACHE_DIR") or os.path.join(tempfil
 # Under pytest-xdist (pyproject's addopts: two workers on the 2-core machine) each worker computes
 # on one thread, and so do the Pythons the tests start: two workers of two OpenMP threads each
 # oversubscribe the cores, and OpenMP's barriers then wait on a thread that is not running.
+# Eager's first OpenMP parallel region in a process sometimes computes its second thread's share
+# of sin/cos/exp ~1e-4 off (torch 2.13 CPU build, about 1 fresh process in 10; docs/testing.md):
+# run one, on the process's own threads, before any test takes an eager reference.
+torch.exp(torch.randn(1 << 17))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-# Eager's first OpenMP parallel region in a process sometimes computes its second thread's share
-# of sin/cos/exp ~1e-4 off (torch 2.13 CPU build, about 1 fresh process in 10; docs/testing.md):
-# run one before any test takes an eager reference.
-torch.exp(torch.randn(1 << 17))
+# Files whose kernels run on two threads under xdist too: their parallel loops' shares, a
+# threaded reduction's partial results and a horizontal group's region need a second thread to
+# be tested at all, and one-thread workers would run every loop on one.
+TWO_THREADS = {"test_cpp_groups.py", "test_fuzz.py", "test_cpp_channels.py", "test_backward_kernels.py",
+               "test_cpp_plan.py"}
+
+
+@pytest.fixture(autouse=True)
+def two_threads_for_parallel_kernels(request):
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.path.name in TWO_THREADS):
+        yield
+        return
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -21,10 +21,34 @@ if "minicompile" not in torch._dynamo.list_backends(exclude_tags=()):
 TEST_CACHE_DIR = os.environ.get("MINICOMPILE_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
                                                                         "minicompile-test-cache")
 
+# Under pytest-xdist (pyproject's addopts: two workers on the 2-core machine) each worker computes
+# on one thread, and so do the Pythons the tests start: two workers of two OpenMP threads each
+# oversubscribe the cores, and OpenMP's barriers then wait on a thread that is not running.
 # Eager's first OpenMP parallel region in a process sometimes computes its second thread's share
 # of sin/cos/exp ~1e-4 off (torch 2.13 CPU build, about 1 fresh process in 10; docs/testing.md):
-# run one before any test takes an eager reference.
+# run one, on the process's own threads, before any test takes an eager reference.
 torch.exp(torch.randn(1 << 17))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+# Files whose kernels run on two threads under xdist too: their parallel loops' shares, a
+# threaded reduction's partial results and a horizontal group's region need a second thread to
+# be tested at all, and one-thread workers would run every loop on one.
+TWO_THREADS = {"test_cpp_groups.py", "test_fuzz.py", "test_cpp_channels.py", "test_backward_kernels.py",
+               "test_cpp_plan.py"}
+
+
+@pytest.fixture(autouse=True)
+def two_threads_for_parallel_kernels(request):
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.path.name in TWO_THREADS):
+        yield
+        return
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -83,16 +107,37 @@ def pytest_configure(config):
     config.run_started = time.time()
 
 
+# Under pytest-xdist the controller collects nothing, so it never sees the slow tests deselected:
+# each worker (all collect the same tests) sends its count back in ``workeroutput``.
+_deselected = [0]
+
+
+def pytest_deselected(items):
+    _deselected[0] += len(items)
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["deselected"] = _deselected[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _deselected[0] = max(_deselected[0], getattr(node, "workeroutput", {}).get("deselected", 0))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     path = config.getoption("--record-run")
     if not path:
         return
     stats = terminalreporter.stats
     counts = {k: len([r for r in stats.get(k, []) if getattr(r, "when", "call") in ("call", "setup", None)])
-              for k in ("passed", "failed", "skipped", "xfailed", "error", "deselected")}
+              for k in ("passed", "failed", "skipped", "xfailed", "error")}
+    counts["deselected"] = max(len(stats.get("deselected", [])), _deselected[0])
     record = {"command": "python -m pytest " + " ".join(config.invocation_params.args),
               "counts": counts, "duration_s": round(time.time() - config.run_started, 1),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+              "workers": config.getoption("numprocesses", None) or 1,
               "load_average_at_end": round(os.getloadavg()[0], 1), "python": platform.python_version(),
               "torch": torch.__version__, "exit_status": int(exitstatus)}
     with open(path, "w") as f:

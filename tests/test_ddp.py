@@ -11,7 +11,6 @@ eager fallback off.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -40,12 +39,6 @@ class Net(nn.Module):
         return self.fc3(torch.tanh(self.fc2(F.gelu(self.ln(self.fc1(x))))))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(model, x, y) -> tuple:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses = []
@@ -58,7 +51,7 @@ def _train(model, x, y) -> tuple:
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
+def _worker(rank: int, init_method: str, cache_dir: str, out_dir: str) -> None:
     """One rank: eager DDP and compiled DDP from the same weights; results saved for the parent."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -67,7 +60,7 @@ def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
     from minicompile.config import patch
 
     torch.set_num_threads(1)   # two ranks share the machine's cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD_SIZE)
     graphs = []
     compile_training = backend_module.compile_training
 
@@ -97,9 +90,12 @@ def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
 
 
 def run_ranks(worker, tmp_path) -> list:
-    """``worker(rank, port, cache_dir, out_dir)`` in WORLD_SIZE processes; each rank's saved result."""
+    """``worker(rank, init_method, cache_dir, out_dir)`` in WORLD_SIZE processes; each rank's saved
+    result. The ranks meet through a file in the test's own directory, not a TCP port: a free port
+    picked here could be taken before rank 0 listens on it (by another test worker's ranks, say)."""
     from minicompile.config import config
-    torch.multiprocessing.spawn(worker, args=(_free_port(), config.cache_dir, str(tmp_path)),
+    init_method = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(worker, args=(init_method, config.cache_dir, str(tmp_path)),
                                 nprocs=WORLD_SIZE, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 

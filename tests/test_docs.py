@@ -165,5 +165,5 @@ def test_test_suite_numbers_in_the_docs_come_from_the_record():
     for path in doc_numbers.DOCS:
         assert doc_numbers.SPAN.search(path.read_text()), f"{path.name} lost its generated test-run numbers"
     sentence = doc_numbers.render({"counts": {"passed": 2250, "skipped": 123, "deselected": 40}, "duration_s": 905,
-                                   "cpus": 2, "load_average_at_end": 2.5, "date": "d", "torch": "t"})
-    assert "2,250 passed, 123 skipped, 40 slow" in sentence and "15 min 5 s" in sentence
+                                   "cpus": 2, "workers": 2, "load_average_at_end": 2.5, "date": "d", "torch": "t"})
+    assert "2,250 passed, 123 skipped, 40 slow" in sentence and "15 min 5 s on 2 cores, 2 test workers" in sentence

@@ -76,14 +76,14 @@ def _train(model, forward, x, y) -> tuple:
     return losses, [p.to_local().detach().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int, cache_dir: str, out_dir: str) -> None:
+def _worker(rank: int, init_method: str, cache_dir: str, out_dir: str) -> None:
     """One rank: eager FSDP and compiled FSDP from the same weights; results saved for the parent."""
     import minicompile.backend as backend_module
     from minicompile.aot.runtime import TrainingGraph
     from minicompile.config import patch
 
     torch.set_num_threads(1)   # two ranks share the machine's cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD_SIZE)
     graphs = []
     compile_for_dynamo = backend_module._compile_for_dynamo
 

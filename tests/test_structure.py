@@ -1,5 +1,5 @@
 """Structure checks, run by CI: a line budget per stage, printed as a table (tinygrad's sz.py idea;
-`pytest -s tests/test_structure.py` or `python tests/test_structure.py`), files and functions of a
+`pytest -s -n 0 tests/test_structure.py` or `python tests/test_structure.py`), files and functions of a
 bounded length, imports that follow the layering of docs/architecture.md, and an op table that its
 lowering, backends and docs agree with.
 
@@ -269,7 +269,7 @@ def core_size_table() -> str:
 
 
 def test_each_stage_stays_under_its_line_budget():
-    print("\n" + core_size_table())   # shown by `pytest -s` and on failure
+    print("\n" + core_size_table())   # shown by `pytest -s -n 0` and on failure
     assert not over_budget(stage_sizes(core_files(PACKAGE), PACKAGE), STAGE_BUDGETS)
 
 

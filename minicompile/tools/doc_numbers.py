@@ -27,13 +27,19 @@ DOCS = [REPO / "README.md", REPO / "docs" / "testing.md"]
 SPAN = re.compile(r"(<!-- numbers: test-run -->)(.*?)(<!-- /numbers -->)", re.S)
 
 
+def _workers(record: dict) -> str:
+    """How many pytest-xdist worker processes ran the tests (older records do not say)."""
+    n = record.get("workers")
+    return "" if n is None else f", {n} test workers" if n > 1 else ", one test process"
+
+
 def render(record: dict) -> str:
     """The sentence the docs quote, from a record."""
     c = record["counts"]
     if "duration_s" in record:
         minutes, seconds = divmod(round(record["duration_s"]), 60)
         return (f"{c['passed']:,} passed, {c['skipped']} skipped, {c['deselected']} slow ones deselected, "
-                f"in {minutes} min {seconds} s on {record['cpus']} cores (load average "
+                f"in {minutes} min {seconds} s on {record['cpus']} cores{_workers(record)} (load average "
                 f"{record['load_average_at_end']} at the end; {record['date']}, torch {record['torch']})")
     return (f"{c['selected']:,} tests selected, {c['deselected']} slow ones deselected "
             f"(`pytest --collect-only`, {record['date']}; not timed)")

@@ -295,60 +295,25 @@ def test_library_choices_are_measured_outside_make_fx(monkeypatch, train):
     # cpu/timing.measured_first: inside make_fx a claim only looks a choice up; one not measured
     # yet is measured after that trace, and the graph traced again with the answer
     import inspect
-    import torch.nn.functional as F
-    from minicompile.cpu import timing
     in_trace = []
 
     def best(candidates):   # onednn (GEMM) and flash (attention) measured faster
         in_trace.append(any(f.filename.endswith("proxy_tensor.py") for f in inspect.stack()))
         return {name: (1e-3 if name in ("onednn", "flash") else 2e-3) for name in candidates}
-    monkeypatch.setattr(timing, "_library_choices", {})
-    monkeypatch.setattr(timing, "_library_times", {})
-    monkeypatch.setattr(timing, "load_timings", lambda key: None)
-    monkeypatch.setattr(timing, "save_choice", lambda *args: None)     # keep the made-up timings off disk
-    monkeypatch.setattr(timing, "_interleaved_best", best)
-    torch.manual_seed(0)
-    w = torch.randn(24, 32, requires_grad=train)
-    x = torch.randn(2, 3, 8, 32, requires_grad=train)
-
-    def f(x, w):   # a product, and attention (training: products only)
-        q = x @ w.t()
-        return (q @ w).sum() if train else F.scaled_dot_product_attention(q, q, q).sum()
-    torch._dynamo.reset()
-    with patch(cpu_gemm="auto", cpu_attention="auto"), torch.set_grad_enabled(train):
-        out = torch.compile(f, backend="minicompile")(x, w)
-        if train:
-            out.backward()
-    torch._dynamo.reset()
+    out, expected = _run_timed_choices(monkeypatch, best, train)
+    torch.testing.assert_close(out, expected)
     assert in_trace and not any(in_trace)
 
 
-@pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("winner", ["preferred", "other"])
-def test_a_provisional_trace_that_chose_as_measured_is_kept(monkeypatch, compiles, train, winner):
-    # cpu/timing.measured_first: the provisional trace takes each question's preferred library
-    # (MKL, flash); where that is what was measured, it is the trace and runs once, its header
-    # saying what was measured; otherwise the graph is traced again with the answers
-    from minicompile import backend
-    from minicompile.cpu import policy, timing
-    fast = ("mkl", "flash") if winner == "preferred" else ("onednn", "math")
+def _run_timed_choices(monkeypatch, best, train: bool):
+    """A product and attention (training: products only) compiled with the GEMM and attention
+    choices "auto", timed by ``best`` (candidates -> made-up times, kept off disk); (out, eager's)."""
+    from minicompile.cpu import timing
     monkeypatch.setattr(timing, "_library_choices", {})
     monkeypatch.setattr(timing, "_library_times", {})
     monkeypatch.setattr(timing, "load_timings", lambda key: None)
-    monkeypatch.setattr(timing, "save_choice", lambda *args: None)     # keep the made-up timings off disk
-    monkeypatch.setattr(timing, "_interleaved_best",
-                        lambda candidates: {name: (1e-3 if name in fast else 2e-3) for name in candidates})
-    traces, headers = [], []
-
-    def counting(trace, keep=None):
-        def counted():
-            traces.append(1)
-            return trace()
-        result = timing.measured_first(counted, keep)
-        headers.extend(getattr(result, "choices", ()))
-        return result
-    monkeypatch.setattr(backend, "measured_first", counting)
-    monkeypatch.setattr(policy, "measured_first", counting)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)
+    monkeypatch.setattr(timing, "_interleaved_best", best)
     torch.manual_seed(0)
     w = torch.randn(24, 32, requires_grad=train)
     x = torch.randn(2, 3, 8, 32, requires_grad=train)
@@ -363,6 +328,31 @@ def test_a_provisional_trace_that_chose_as_measured_is_kept(monkeypatch, compile
             out.backward()
         expected = f(x, w)
     torch._dynamo.reset()
+    return out, expected
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("winner", ["preferred", "other"])
+def test_a_provisional_trace_that_chose_as_measured_is_kept(monkeypatch, compiles, train, winner):
+    # cpu/timing.measured_first: the provisional trace takes each question's preferred library
+    # (MKL, flash); where that is what was measured, it is the trace and runs once, its header
+    # saying what was measured; otherwise the graph is traced again with the answers
+    from minicompile import backend
+    from minicompile.cpu import policy, timing
+    fast = ("mkl", "flash") if winner == "preferred" else ("onednn", "math")
+    traces, headers = [], []
+
+    def counting(trace, keep=None):
+        def counted():
+            traces.append(1)
+            return trace()
+        result = timing.measured_first(counted, keep)
+        headers.extend(getattr(result, "choices", ()))
+        return result
+    monkeypatch.setattr(backend, "measured_first", counting)
+    monkeypatch.setattr(policy, "measured_first", counting)
+    best = lambda candidates: {name: (1e-3 if name in fast else 2e-3) for name in candidates}  # noqa: E731
+    out, expected = _run_timed_choices(monkeypatch, best, train)
     torch.testing.assert_close(out, expected)
     assert len(traces) == (1 if winner == "preferred" else 2), traces
     headers += [line for c in compiles for line in c.aten.choices]   # inference: the ATen graph's header

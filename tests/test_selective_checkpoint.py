@@ -25,7 +25,7 @@ from tests.helpers import Recorder
 from tests.test_autocast_training import BF16
 from tests.test_checkpoint_training import (CheckpointedBlock, _assert_same, _compiled_vs_eager, _one_training_graph,
                                             _saved_bytes)
-from tests.test_training import TOL
+from tests.test_training import TOL, train
 
 aten = torch.ops.aten
 LINEAR_PRODUCTS = [aten.mm.default, aten.addmm.default]     # nn.Linear's product, as eager dispatches it
@@ -206,9 +206,9 @@ def test_checkpoint_under_autocast_bf16_trains_as_eager(context, fresh_dynamo):
                 return m(x).float()
         return run
     with patch(fallback_on_error=False):
-        got = _train(model, forward(torch.compile(model, backend=record)), x, y)
-    ref = _train(ref_model, forward(ref_model), x, y)
-    for step, ((loss, grads), (rloss, rgrads)) in enumerate(zip(got, ref)):
+        got = train(model, forward(torch.compile(model, backend=record)), x, y)
+    ref = train(ref_model, forward(ref_model), x, y)
+    for step, ((loss, grads, _), (rloss, rgrads, _)) in enumerate(zip(got, ref)):
         torch.testing.assert_close(loss, rloss, **BF16, msg=lambda m: f"step {step} loss: {m}")
         for k, (a, b) in enumerate(zip(grads, rgrads)):
             torch.testing.assert_close(a, b, **BF16, msg=lambda m: f"step {step} grad {k}: {m}")
@@ -218,17 +218,6 @@ def test_checkpoint_under_autocast_bf16_trains_as_eager(context, fresh_dynamo):
     assert _kept(graph.report) == ([[16, 32], [16, 96], [16, 128]] if context == "selective" else []), graph.report
     assert all(s.dtype == torch.bfloat16 for s in graph.report.saved if s.name in graph.report.kept)
 
-
-def _train(model, forward, x, y, steps=3):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    history = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = F.mse_loss(forward(x), y)
-        loss.backward()
-        history.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-        opt.step()
-    return history
 
 
 @pytest.mark.parametrize("context", list(CONTEXTS))

@@ -5,6 +5,7 @@ import ctypes
 import math
 import re
 import shutil
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -42,6 +43,12 @@ def test_a_changed_prelude_header_rebuilds_the_kernels(tmp_path, monkeypatch):
     with open(edited / cpp_build.PRELUDE_HEADER, "a") as f:
         f.write("#define MC_PROBE 7.0f\n")
     with config_patch(cache_dir=str(tmp_path / "cache")):
+        # the shipped prelude precompiled first (GCC): a build must not take it for the edited one
+        monkeypatch.setattr(cpp_build, "_pch", {"started": False, "dir": None, "key": None})
+        cpp_build.start_precompiled_prelude()
+        for t in threading.enumerate():
+            if t.name == "minicompile-pch":
+                t.join()
         shipped, value = _run(PROBE)
         assert value == 42.0
         monkeypatch.setattr(cpp_build, "INCLUDE_DIR", str(edited))

@@ -93,7 +93,7 @@ _locks_guard = threading.Lock()
 # background (start_precompiled_prelude, when a compile begins: the trace keeps one core busy
 # and the other free), and a build uses it once it is there; g++ reads the header itself where
 # the precompiled one does not fit (another compiler, other flags), so a build never depends on it.
-_pch: dict = {"started": False, "dir": None}
+_pch: dict = {"started": False, "dir": None, "key": None}
 
 
 def start_precompiled_prelude() -> None:
@@ -116,8 +116,12 @@ def _build_pch_quietly(cxx: str) -> None:
         log.debug("minicompile: the precompiled prelude was not built (%s: %s)", type(e).__name__, e)
 
 
+def _pch_key(cxx: str) -> str:
+    return cache.digest("pch", _headers(), " ".join(CXXFLAGS), _compiler_version(cxx))
+
+
 def _build_pch(cxx: str) -> None:
-    key = cache.digest("pch", _headers(), " ".join(CXXFLAGS), _compiler_version(cxx))
+    key = _pch_key(cxx)
     d = cache.entry_dir("pch", key)
     gch = os.path.join(d, PRELUDE_HEADER + ".gch")
     if not cache.is_valid(gch):
@@ -129,7 +133,7 @@ def _build_pch(cxx: str) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not cache.is_valid(gch):
             return
-    _pch["dir"] = d
+    _pch["dir"], _pch["key"] = d, key
 
 
 # run the compiler, then move its output into place with its checksum as cache.commit does
@@ -147,9 +151,11 @@ elif os.path.exists(tmp):
 """
 
 
-def _include_flags() -> list:
-    """The precompiled prelude's folder first where it is built, then the headers' own."""
-    return (["-I", _pch["dir"]] if _pch["dir"] else []) + ["-I", INCLUDE_DIR]
+def _include_flags(cxx: str) -> list:
+    """The precompiled prelude's folder first where it is built from the headers as they are now
+    (g++ would take a stale one for an edited header), then the headers' own."""
+    fresh = _pch["dir"] and _pch["key"] == _pch_key(cxx)
+    return (["-I", _pch["dir"]] if fresh else []) + ["-I", INCLUDE_DIR]
 
 
 def build(source: str, units: tuple = ()) -> str:
@@ -173,14 +179,14 @@ def build(source: str, units: tuple = ()) -> str:
         tmp_lib = f"{lib_path}.{tmp}"
         parts = _parallel_parts(units)
         if len(parts) < 2:
-            _run([[cxx, *CXXFLAGS, *_include_flags(), src_path, "-o", tmp_lib]], src_path)
+            _run([[cxx, *CXXFLAGS, *_include_flags(cxx), src_path, "-o", tmp_lib]], src_path)
         else:
             objects, compiles = [], []
             for k, part in enumerate(parts):
                 part_path = os.path.join(d, f"kernels.part{k}.cpp")
                 _write(part_path, part, tmp)
                 objects.append(f"{part_path}.{tmp}.o")
-                compiles.append([cxx, *(f for f in CXXFLAGS if f != "-shared"), "-c", *_include_flags(), part_path,
+                compiles.append([cxx, *(f for f in CXXFLAGS if f != "-shared"), "-c", *_include_flags(cxx), part_path,
                                  "-o", objects[-1]])
             _run(compiles, src_path)
             _run([[cxx, "-shared", "-fopenmp", *objects, "-o", tmp_lib]], src_path)

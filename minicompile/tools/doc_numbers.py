@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 where the docs differ from the record")
     args = ap.parse_args(argv)
     if args.run:
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "--record-run", str(RECORD)], cwd=REPO,
+        # one token: before tests/conftest.py defines the option, pytest takes a lone path for a test path
+        subprocess.run([sys.executable, "-m", "pytest", "-q", f"--record-run={RECORD}"], cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     elif args.collect:
         RECORD.write_text(json.dumps(collect(), indent=1) + "\n")

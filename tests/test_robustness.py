@@ -198,7 +198,8 @@ def test_the_precompiled_prelude_is_built_in_the_background_used_and_rebuilt_whe
         src = tmp_path / "unit.cpp"
         src.write_text(f'#include "{cpp_build.PRELUDE_HEADER}"\nextern "C" float kernel0(float x) {{ return std::exp(x); }}\n')
         flags = [f for f in cpp_build.CXXFLAGS if f != "-shared"]
-        shown = subprocess.run([cpp_build.compiler(), *flags, "-H", *cpp_build._include_flags(cpp_build.compiler()), "-c", str(src),
+        include = cpp_build._include_flags(cpp_build.compiler(), cpp_build._headers())
+        shown = subprocess.run([cpp_build.compiler(), *flags, "-H", *include, "-c", str(src),
                                 "-o", str(tmp_path / "unit.o")], capture_output=True, text=True)
         assert shown.returncode == 0 and f"! {gch}" in shown.stderr, shown.stderr[:2000]   # '!': used
         with open(gch, "r+b") as f:     # damaged: its checksum no longer matches, so it is built again

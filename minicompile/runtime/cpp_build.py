@@ -78,9 +78,10 @@ def _headers() -> bytes:
     return b"".join(parts)
 
 
-def build_key(source: str) -> str:
+def build_key(source: str, headers: bytes | None = None) -> str:
     """The cache key of ``source``: it, the included headers, the flags and the compiler."""
-    return cache.digest(source, _headers(), " ".join(CXXFLAGS), _compiler_version(compiler()))
+    return cache.digest(source, _headers() if headers is None else headers, " ".join(CXXFLAGS),
+                        _compiler_version(compiler()))
 
 
 _build_locks: dict = {}
@@ -116,12 +117,12 @@ def _build_pch_quietly(cxx: str) -> None:
         log.debug("minicompile: the precompiled prelude was not built (%s: %s)", type(e).__name__, e)
 
 
-def _pch_key(cxx: str) -> str:
-    return cache.digest("pch", _headers(), " ".join(CXXFLAGS), _compiler_version(cxx))
+def _pch_key(cxx: str, headers: bytes) -> str:
+    return cache.digest("pch", headers, " ".join(CXXFLAGS), _compiler_version(cxx))
 
 
 def _build_pch(cxx: str) -> None:
-    key = _pch_key(cxx)
+    key = _pch_key(cxx, _headers())
     d = cache.entry_dir("pch", key)
     gch = os.path.join(d, PRELUDE_HEADER + ".gch")
     if not cache.is_valid(gch):
@@ -151,10 +152,10 @@ elif os.path.exists(tmp):
 """
 
 
-def _include_flags(cxx: str) -> list:
-    """The precompiled prelude's folder first where it is built from the headers as they are now
-    (g++ would take a stale one for an edited header), then the headers' own."""
-    fresh = _pch["dir"] and _pch["key"] == _pch_key(cxx)
+def _include_flags(cxx: str, headers: bytes) -> list:
+    """The precompiled prelude's folder first where it was built from ``headers``, the headers as
+    they are now (g++ would take a stale one for an edited header), then the headers' own."""
+    fresh = _pch["dir"] and _pch["key"] == _pch_key(cxx, headers)
     return (["-I", _pch["dir"]] if fresh else []) + ["-I", INCLUDE_DIR]
 
 
@@ -163,8 +164,8 @@ def build(source: str, units: tuple = ()) -> str:
     (the source's independent parts, each a translation unit) are compiled in parallel when
     there are cores for it and enough code (``_parallel_parts``); the library is the same."""
     cxx = compiler()
-    start_precompiled_prelude()
-    key = build_key(source)
+    headers = _headers()   # read once: the library's key and whether the precompiled prelude fits
+    key = build_key(source, headers)
     with _locks_guard:
         lock = _build_locks.setdefault(key, threading.Lock())
     with lock:
@@ -179,15 +180,15 @@ def build(source: str, units: tuple = ()) -> str:
         tmp_lib = f"{lib_path}.{tmp}"
         parts = _parallel_parts(units)
         if len(parts) < 2:
-            _run([[cxx, *CXXFLAGS, *_include_flags(cxx), src_path, "-o", tmp_lib]], src_path)
+            _run([[cxx, *CXXFLAGS, *_include_flags(cxx, headers), src_path, "-o", tmp_lib]], src_path)
         else:
             objects, compiles = [], []
             for k, part in enumerate(parts):
                 part_path = os.path.join(d, f"kernels.part{k}.cpp")
                 _write(part_path, part, tmp)
                 objects.append(f"{part_path}.{tmp}.o")
-                compiles.append([cxx, *(f for f in CXXFLAGS if f != "-shared"), "-c", *_include_flags(cxx), part_path,
-                                 "-o", objects[-1]])
+                compiles.append([cxx, *(f for f in CXXFLAGS if f != "-shared"), "-c", *_include_flags(cxx, headers),
+                                 part_path, "-o", objects[-1]])
             _run(compiles, src_path)
             _run([[cxx, "-shared", "-fopenmp", *objects, "-o", tmp_lib]], src_path)
             for o in objects:

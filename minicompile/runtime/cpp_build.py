@@ -80,8 +80,8 @@ def _headers() -> bytes:
 
 def build_key(source: str, headers: bytes | None = None) -> str:
     """The cache key of ``source``: it, the included headers, the flags and the compiler."""
-    return cache.digest(source, _headers() if headers is None else headers, " ".join(CXXFLAGS),
-                        _compiler_version(compiler()))
+    headers = _headers() if headers is None else headers
+    return cache.digest(source, headers, " ".join(CXXFLAGS), _compiler_version(compiler()))
 
 
 _build_locks: dict = {}
@@ -153,8 +153,7 @@ elif os.path.exists(tmp):
 
 
 def _include_flags(cxx: str, headers: bytes) -> list:
-    """The precompiled prelude's folder first where it was built from ``headers``, the headers as
-    they are now (g++ would take a stale one for an edited header), then the headers' own."""
+    """The precompiled prelude's folder if built from ``headers`` (not stale), then the headers' own."""
     fresh = _pch["dir"] and _pch["key"] == _pch_key(cxx, headers)
     return (["-I", _pch["dir"]] if fresh else []) + ["-I", INCLUDE_DIR]
 

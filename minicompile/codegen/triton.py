@@ -216,8 +216,8 @@ class TritonKernel(KernelRenderer):
             lines.append(f"    RBLOCK: tl.constexpr,  # reduced elements per row held at once: {what}")
         lines.append("):")
         lines += ["    " + ln if ln else "" for ln in body]
-        # what decides whether two kernels are the same code: all but the comments and the name
-        self.code_lines = [ln.split("  # ")[0] for ln in lines[lines.index("@triton.jit") + 2:]]
+        # what decides whether two kernels are the same code (codegen/same_code.py): parameters and body
+        self.code_lines = [a.name for a in self.args] + self.size_args + ["XBLOCK", "RBLOCK" * self.reduction] + body
         return "\n".join(lines)
 
     def describe(self) -> str:

@@ -32,16 +32,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
-# Files whose kernels run on two threads under xdist too: their parallel loops' shares, a
-# threaded reduction's partial results and a horizontal group's region need a second thread to
-# be tested at all, and one-thread workers would run every loop on one.
-TWO_THREADS = {"test_cpp_groups.py", "test_fuzz.py", "test_cpp_channels.py", "test_backward_kernels.py",
-               "test_cpp_plan.py"}
-
-
+# Tests marked two_threads (a file's ``pytestmark``) run their kernels on two threads under xdist
+# too: their parallel loops' shares, a threaded reduction's partial results and a horizontal
+# group's region need a second thread to be tested at all, and one-thread workers would run
+# every loop on one.
 @pytest.fixture(autouse=True)
 def two_threads_for_parallel_kernels(request):
-    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.path.name in TWO_THREADS):
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.node.get_closest_marker("two_threads")):
         yield
         return
     torch.set_num_threads(2)

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from minicompile.config import patch
 from tests.helpers import check
 
+pytestmark = pytest.mark.two_threads   # parallel code under test: two threads on a test worker too (conftest.py)
+
 
 def _cpp(fn, *inputs, **tol):
     with patch(cpu_backend="cpp"):

@@ -1,8 +1,11 @@
 """Per-channel values of C++ pointwise kernels computed once before the loops (codegen/cpp_channels.py)."""
+import pytest
 import torch
 
 from minicompile.config import patch
 from tests.helpers import check
+
+pytestmark = pytest.mark.two_threads   # parallel code under test: two threads on a test worker too (conftest.py)
 
 
 def batch_norm_silu(x, mean, var, weight, bias):

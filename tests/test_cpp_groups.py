@@ -7,6 +7,8 @@ import torch
 from minicompile.config import patch
 from tests.helpers import assert_matches_eager, compile_fn
 
+pytestmark = pytest.mark.two_threads   # parallel code under test: two threads on a test worker too (conftest.py)
+
 
 def momentum_steps(*tensors):
     """SGD with momentum on each (p, buf, grad) triple: one independent kernel per triple."""

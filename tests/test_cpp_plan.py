@@ -1,11 +1,14 @@
 """The C++ kernel plan (codegen/cpp_plan.py): each value's level is decided before C++ is
 spelled, kept on the kernel and printed with the schedule; the emitter follows it."""
+import pytest
 import torch
 
 from minicompile.codegen.cpp_plan import KernelPlan
 from minicompile.config import patch
 from tests.helpers import check
 from tests.test_cpp_channels import _channels, batch_norm_silu
+
+pytestmark = pytest.mark.two_threads   # parallel code under test: two threads on a test worker too (conftest.py)
 
 
 def _compiled(fn, *inputs):

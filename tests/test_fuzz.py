@@ -9,6 +9,8 @@ from minicompile.codegen import BACKENDS
 from minicompile.config import patch
 from minicompile.testing.fuzz import generate, run, shrink
 
+pytestmark = pytest.mark.two_threads   # parallel code under test: two threads on a test worker too (conftest.py)
+
 CI_PROGRAMS = int(os.environ.get("MINICOMPILE_FUZZ_N", "200"))
 
 

@@ -167,3 +167,13 @@ def test_test_suite_numbers_in_the_docs_come_from_the_record():
     sentence = doc_numbers.render({"counts": {"passed": 2250, "skipped": 123, "deselected": 40}, "duration_s": 905,
                                    "cpus": 2, "workers": 2, "load_average_at_end": 2.5, "date": "d", "torch": "t"})
     assert "2,250 passed, 123 skipped, 40 slow" in sentence and "15 min 5 s on 2 cores, 2 test workers" in sentence
+
+
+def test_doc_numbers_run_command_starts_the_suite(tmp_path):
+    """`doc_numbers --run` runs the README's test command with its record option (a full run is
+    minutes: here collection only); it once never started ("unrecognized arguments")."""
+    record = tmp_path / "run.json"
+    record.write_text("{}")   # an earlier record, as docs/test-run.json always is
+    proc = subprocess.run(doc_numbers.run_command(record) + ["--collect-only", "-n", "0"],
+                          cwd=doc_numbers.REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "tests collected" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -71,6 +71,12 @@ def update_docs(record: dict, check: bool) -> list[str]:
     return stale
 
 
+def run_command(record: Path) -> list:
+    """The README's test command, recording the run into ``record``; the option is one token:
+    before tests/conftest.py defines it, pytest takes a lone path for a test path."""
+    return [sys.executable, "-m", "pytest", "-q", f"--record-run={record}"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minicompile.tools.doc_numbers", description=__doc__.split("\n")[0])
     mode = ap.add_mutually_exclusive_group()
@@ -79,9 +85,7 @@ def main(argv=None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 where the docs differ from the record")
     args = ap.parse_args(argv)
     if args.run:
-        # one token: before tests/conftest.py defines the option, pytest takes a lone path for a test path
-        subprocess.run([sys.executable, "-m", "pytest", "-q", f"--record-run={RECORD}"], cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.run(run_command(RECORD), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     elif args.collect:
         RECORD.write_text(json.dumps(collect(), indent=1) + "\n")
     stale = update_docs(json.loads(RECORD.read_text()), check=args.check)

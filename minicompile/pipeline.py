@@ -33,6 +33,7 @@ from minicompile.codegen.wrapper import WrapperCode
 from minicompile.config import config
 from minicompile.cpu import CPU
 from minicompile.ir.graph import LoopGraph
+from minicompile.ir.nodes import StorageView
 from minicompile.lowering import lower
 from minicompile.runtime import cache
 from minicompile.runtime.cpp_build import start_precompiled_prelude
@@ -64,6 +65,8 @@ class CompiledGraph:
     lib: Any = None             # them step by step (testing/check.py)
     check: Any = None           # MINICOMPILE_CHECK=1: a DifferentialCheck every call goes through
     title: str | None = None    # what the graph is when it was not captured ("forward half of the joint graph")
+    building: Any = None        # the kernels' build, running in the background (a future), until ready()
+    source_graph: Any = None    # the graph compiled, while the build runs (for MINICOMPILE_CHECK)
 
     @property
     def kernel_args(self) -> dict:
@@ -84,7 +87,24 @@ class CompiledGraph:
             return self.check(self.run_compiled, args)
         return self.run_compiled(args)
 
+    def ready(self) -> "CompiledGraph":
+        """Waits for a build started in the background; its errors raise here."""
+        if self.building is not None:
+            lib, self.building = self.building.result(), None
+            self.finish(lib, self.source_graph)
+        return self
+
+    def finish(self, lib, gm: torch.fx.GraphModule) -> None:
+        """The built kernels bound into the host wrapper."""
+        self.lib, t0 = lib, time.perf_counter()
+        self.run = _load_wrapper(self.code.wrapper_source, lib, self.code.wrapper_refs, self.loop_graph.constants)
+        self.timings["load"] = time.perf_counter() - t0
+        if config.check:
+            self.check = DifferentialCheck(gm, self)
+
     def run_compiled(self, args: tuple):
+        if self.building is not None:
+            self.ready()
         if self.aten.lifted:
             args = args + self.aten.lifted
         if autocast_enabled():    # the graph holds autocast's casts already (aot/autocast.py)
@@ -97,6 +117,19 @@ class CompiledGraph:
         if self._returns_flat_tuple:
             return flat
         return pytree.tree_unflatten(list(flat), self.out_spec)
+
+    def output_layouts(self) -> list | None:
+        """Per flat output, what a call returns, known before it runs: a tensor's (size, stride,
+        dtype, device), a number as itself; None if one is not known (a symbolic size)."""
+        out = []
+        for o in self.loop_graph.outputs:
+            if isinstance(o, StorageView) and all(isinstance(v, int) for v in (*o.size, *o.stride)):
+                out.append((tuple(o.size), tuple(o.stride), o.dtype, o.device))
+            elif isinstance(o, (int, float, bool)) or o is None:
+                out.append(o)
+            else:
+                return None
+        return out
 
     @property
     def num_kernels(self) -> int:
@@ -140,7 +173,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledGra
 
 
 def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list, title: str = "ATen graph (compiled by compile_aten)",
-                 constructed_by: tuple = ()) -> CompiledGraph:
+                 constructed_by: tuple = (), wait: bool = True) -> CompiledGraph:
     """compile_graph for a graph that is functional ATen already, traced by us with its
     ``meta["val"]`` on every node (a half of the joint graph, aot/partition.py): it starts at the
     passes after the trace (after_trace_passes: lift, restride, the CPU folds, ...), so node names
@@ -150,17 +183,19 @@ def compile_aten(aten_gm: torch.fx.GraphModule, example_inputs: list, title: str
     Inputs laid out otherwise than the graph was traced with (in a dimension larger than 1: a
     saved value the compiled forward laid out its own way) are copied into the traced layouts
     at each call: the graph is compiled as traced, never traced again (tracing a half again with
-    other layouts gave wrong gradients, convbn fuzzer seed 402075)."""
+    other layouts gave wrong gradients, convbn fuzzer seed 402075). ``wait=False``: its kernels
+    build in the background (``CompiledGraph.ready``)."""
     prepare = lambda gm, inputs: prepare_aten(gm, inputs, CPU, constructed_by)  # noqa: E731
     with kept_global_state():
         if traced_as(aten_gm, example_inputs):
-            return _compile_graph(aten_gm, example_inputs, prepare, "aten passes", title)
+            return _compile_graph(aten_gm, example_inputs, prepare, "aten passes", title, wait)
         as_traced = in_layouts(example_inputs, traced_inputs(aten_gm))
-        return InTracedLayouts(aten_gm, _compile_graph(aten_gm, as_traced, prepare, "aten passes", title))
+        return InTracedLayouts(aten_gm, _compile_graph(aten_gm, as_traced, prepare, "aten passes", title, wait))
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None, stage: str = "trace",
-                   title: str | None = None) -> CompiledGraph:
+                   title: str | None = None, wait: bool = True) -> CompiledGraph:
+    """``wait=False``: the kernels are built in the background; the first call (or ``ready()``) waits."""
     t = StageTimer()
     start_precompiled_prelude()   # in the background, while the graph is traced
     out_spec = _output_spec(gm)
@@ -170,12 +205,13 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, to_aten=None,
               templates=be.caps.templates)
     plan = t("schedule", schedule, loops, be.caps)                  # scheduler/
     code = t("codegen", _generate, be, loops, plan, aten.prepared)  # codegen/
-    lib = t("build", be.load, code.kernels)                         # runtime/
-    run = t("load", _load_wrapper, code.wrapper_source, lib, code.wrapper_refs, loops.constants)
-    compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, run,
-                             out_spec, t.timings, code, lib, title=title)
-    if config.check:
-        compiled.check = DifferentialCheck(gm, compiled)
+    compiled = CompiledGraph(aten, loops, plan, code.kernels.source, code.wrapper_source, be.name, None,
+                             out_spec, t.timings, code, title=title)
+    building = be.start_load(code.kernels) if not wait and hasattr(be, "start_load") else None
+    if building is None:
+        compiled.finish(t("build", be.load, code.kernels), gm)   # runtime/
+    else:                                                         # runtime/, in the background
+        compiled.building, compiled.source_graph = building, gm
     _debug_dump(compiled, gm)
     return compiled
 

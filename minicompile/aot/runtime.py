@@ -5,10 +5,12 @@
     loss.backward()                   # that node runs the compiled backward
 
 ``compile_fn(gm, example_inputs, **part.about(half))`` is the pipeline's compiler for ATen graphs
-(``pipeline.compile_aten``; the caller passes it, so aot/ never imports the pipeline). The forward is compiled at once; the backward on the first
-backward call, with the saved tensors the forward really produced (their strides included);
-if that compile fails, it is compiled for the layouts it was traced with, and if that fails too
-its ATen graph runs eagerly (config.fallback_on_error), on inputs copied into those layouts.
+(``pipeline.compile_aten``; the caller passes it, so aot/ never imports the pipeline). The
+forward is compiled at once, and the backward beside it while the forward's kernels build, for
+the saved values' layouts the compiled forward returns; the first backward uses it if its inputs
+have those layouts, else compiles for them; if that compile fails, it is compiled for the
+layouts it was traced with, and if that fails too its ATen graph runs eagerly
+(config.fallback_on_error), on inputs copied into those layouts.
 With symbolic sizes (Dynamo's ``s33``) both halves are compiled at once, each for every size, and
 the backward's inputs are copied into the traced strides at each call's sizes where they differ
 (``SymbolicLayouts``); saved sizes (SymInts, ints at run time) are kept beside the saved tensors.
@@ -42,11 +44,14 @@ class TrainingGraph:
     def __init__(self, part: Partition, joint: JointGraph, compile_fn: Callable, example_inputs: list):
         self.partition = part
         self.joint = joint
-        self.compile_fn = lambda gm, inputs: compile_fn(gm, inputs, **part.about("backward"))   # the backward's
-        self.forward = compile_fn(part.forward, list(example_inputs), **part.about("forward"))
-        self.backward = None
+        self.compile_fn = lambda gm, inputs, **kw: compile_fn(gm, inputs, **part.about("backward"), **kw)  # the backward's
+        self.forward = compile_fn(part.forward, list(example_inputs), **part.about("forward"), wait=False)
+        self.backward = self.ahead = None
         if any(is_symbolic(x) for x in example_inputs):
             self.backward = self._compile_symbolic_backward()
+        else:
+            self.ahead = self._backward_ahead(example_inputs)
+        self.forward.ready()    # the forward's build errors are the compile's (the caller may fall back)
         self.forward_calls = 0
         self.backward_calls = 0
 
@@ -58,6 +63,23 @@ class TrainingGraph:
         caller's, as the forward's are (backend.compile_training falls back to eager for both)."""
         backward = self.partition.backward
         return SymbolicLayouts(backward, self.compile_fn(backward, traced_inputs(backward)))
+
+    def _backward_ahead(self, example_inputs: list):
+        """(its inputs' layouts, the backward compiled for them) while the forward's kernels build:
+        the saved values as the compiled forward returns them, contiguous tangents. None where a
+        layout is unknown before the forward runs or the compile failed (the first backward compiles)."""
+        layouts = self.forward.output_layouts()
+        if layouts is None:
+            return None
+        n, part = self.joint.num_outputs, self.partition
+        expected = [_layout(example_inputs[i]) for i in part.saved_primals] + layouts[n:]
+        expected += [(lay[0], _contiguous(lay[0]), lay[2], lay[3]) for lay in (layouts[i] for i in self.joint.diff_outputs)]
+        inputs = [torch.empty_strided(*e[:2], dtype=e[2], device=e[3]) if isinstance(e, tuple) else e for e in expected]
+        try:
+            return [_layout(x) for x in inputs], self.compile_fn(part.backward, inputs, wait=False)
+        except Exception as e:   # noqa: BLE001 - compiled again at the first backward, which reports it
+            log.debug("minicompile: the backward was not compiled ahead (%s: %s)", type(e).__name__, e)
+            return None
 
     @property
     def report(self):
@@ -78,9 +100,20 @@ class TrainingGraph:
     def run_backward(self, saved: list, tangents: list) -> tuple:
         self.backward_calls += 1
         inputs = list(saved) + list(tangents)
+        if self.backward is None and self.ahead is not None:
+            self.backward = self._take_ahead(inputs)
         if self.backward is None:
             self.backward = self._compile_backward(inputs)
         return tuple(self.backward(*inputs))
+
+    def _take_ahead(self, inputs: list):
+        """The backward compiled ahead if ``inputs`` have the layouts it was compiled for and it built."""
+        (expected, compiled), self.ahead = self.ahead, None
+        try:
+            return compiled.ready() and compiled if [_layout(x) for x in inputs] == expected else None
+        except Exception as e:   # noqa: BLE001 - compiled again now, with the usual fallbacks
+            log.debug("minicompile: the backward compiled ahead did not build (%s: %s)", type(e).__name__, e)
+            return None
 
     def _compile_backward(self, inputs: list):
         """Compiled for the saved values as the forward really produced them; if that fails and
@@ -135,6 +168,19 @@ class TrainingFunction(torch.autograd.Function):
             if slot is not None:
                 result[position] = grads[slot]
         return (None, *result)
+
+
+def _layout(x):
+    """A tensor's (size, stride, dtype, device), a dimension of size 1 with a contiguous stride
+    (nothing reads it); anything else as itself."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    dense = _contiguous(x.shape)
+    return tuple(x.shape), tuple(s if n > 1 else d for s, d, n in zip(x.stride(), dense, x.shape)), x.dtype, x.device
+
+
+def _contiguous(size) -> tuple:
+    return torch.empty(size, device="meta").stride()
 
 
 def _saved(ctx) -> list:

@@ -5,6 +5,7 @@ A backend is an object with
     caps: BackendCaps        what it can do (scheduler/caps.py); the pipeline hands it to schedule()
     generate(graph, plan) -> GeneratedKernels     (ir.LoopGraph, scheduler.Schedule; codegen/common.py)
     load(generated) -> object with one callable attribute per kernel name
+    start_load(generated) -> a future of load's result (optional: the build runs in the background)
 defined next to its generator and registered in BACKENDS under its name. The pipeline picks
 one by device and config.
 """

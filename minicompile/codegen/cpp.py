@@ -31,7 +31,7 @@ from minicompile.ir.flex import SCORE, SCORE_INDEX
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import Reduction, is_static
 from minicompile.ir.ops import compute_dtype
-from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp
+from minicompile.runtime.cpp_build import PRELUDE_HEADER, load as load_cpp, start_load
 from minicompile.scheduler.caps import BackendCaps
 from minicompile.scheduler.fusion import Schedule
 from minicompile.scheduler.kernel import flat_of
@@ -558,3 +558,8 @@ class CppBackend:
         if not generated.kernel_args:
             return None
         return load_cpp(generated.source, {n: len(a) for n, a in generated.kernel_args.items()}, generated.units)
+
+    def start_load(self, generated: GeneratedKernels):
+        """``load`` in the background (a future); None when there is nothing to build."""
+        if generated.kernel_args:
+            return start_load(generated.source, {n: len(a) for n, a in generated.kernel_args.items()}, generated.units)

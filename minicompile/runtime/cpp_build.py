@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from minicompile.config import config
 from minicompile.runtime import cache
@@ -162,13 +163,22 @@ def build(source: str, units: tuple = ()) -> str:
     """Path of a shared library built from ``source``: from the cache, or compiled now. ``units``
     (the source's independent parts, each a translation unit) are compiled in parallel when
     there are cores for it and enough code (``_parallel_parts``); the library is the same."""
-    cxx = compiler()
-    headers = _headers()   # read once: the library's key and whether the precompiled prelude fits
+    return _build(*_where(source), source, units)
+
+
+def _where(source: str) -> tuple:
+    """What a build reads from the config and the headers, read by the caller's thread: the
+    compiler, the headers (read once: the library's key and whether the precompiled prelude
+    fits), and the cache entry."""
+    cxx, headers = compiler(), _headers()
     key = build_key(source, headers)
+    return cxx, headers, key, cache.entry_dir("cpp", key)
+
+
+def _build(cxx: str, headers: bytes, key: str, d: str, source: str, units: tuple) -> str:
     with _locks_guard:
         lock = _build_locks.setdefault(key, threading.Lock())
     with lock:
-        d = cache.entry_dir("cpp", key)
         src_path, lib_path = os.path.join(d, "kernels.cpp"), os.path.join(d, "kernels.so")
         if cache.is_valid(lib_path):
             return lib_path
@@ -250,15 +260,27 @@ class KernelLibrary:
             setattr(self, name, fn)
 
 
-def load(source: str, kernels: dict, units: tuple = ()) -> KernelLibrary:
+_builder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build")
+
+
+def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:
+    """``load`` in the background: g++ runs while the caller goes on (a training graph's backward
+    is generated while its forward builds). The future's result is the library, or the error."""
+    where = _where(source)
+    return _builder.submit(lambda: load(source, kernels, units, where))
+
+
+def load(source: str, kernels: dict, units: tuple = (), where: tuple | None = None) -> KernelLibrary:
     """The built library, loaded. A cached library that cannot be loaded (its checksum matched,
-    but the file was built by another toolchain or damaged with its checksum) is rebuilt once."""
-    path = build(source, units)
+    but the file was built by another toolchain or damaged with its checksum) is rebuilt once.
+    ``where``: ``_where(source)`` read before, by the thread that asked for the build."""
+    where = where or _where(source)
+    path = _build(*where, source, units)
     try:
         return KernelLibrary(path, kernels)
     except (OSError, AttributeError):
         cache.invalidate(path)
-    path = build(source, units)
+    path = _build(*where, source, units)
     try:
         return KernelLibrary(path, kernels)
     except (OSError, AttributeError) as e:

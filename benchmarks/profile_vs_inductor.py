@@ -1,13 +1,16 @@
 """One model compiled by minicompile and by Inductor, profiled kernel by kernel in one process.
 
     python benchmarks/profile_vs_inductor.py mixer --size quick --threads 1,2 --reps 21 --top 12
+    python benchmarks/profile_vs_inductor.py gpt2 --train --size quick --threads 1   # a training step
 
 Times eager, minicompile and Inductor in interleaved rounds (each round runs every thread count
 and every column; medians), then profiles each compiled model with torch.profiler at each thread
 count and prints, side by side, the ms per call of its generated kernels (ours: ``kernelN_*`` and
 ``groupN`` events; Inductor's: ``graph_N_cpp_*``, with ``cpp.enable_kernel_profile``) and of its
-outermost ATen calls (convolutions, GEMMs, copies) by input shapes, largest first. Results:
-docs/models.md, "Kernel by kernel against Inductor".
+outermost ATen calls (convolutions, GEMMs, copies) by input shapes, largest first. ``--train``
+takes a model of ``bench --train --models`` (tools/train_models.py) and times its training step
+(its loss, then backward; the compiled backward's kernels count with the forward's). Results:
+docs/models.md, "Kernel by kernel against Inductor"; docs/training.md for training.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch._inductor.config as inductor_config
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from minicompile.tools.models import MODELS
+from minicompile.tools.train_models import TRAIN_MODELS
 
 _KERNEL = re.compile(r"^(graph_\d+_)?(cpp_|triton_|kernel|group)")
 _GRAPH = re.compile(r"^(minicompile_graph_\d+|## Call CompiledFxGraph .*|graph_\d+_inductor_wrapper_call)$")
@@ -99,14 +103,17 @@ def main():
     parser.add_argument("--calls", type=int, default=20, help="calls per profile")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-shapes", action="store_true", help="ATen calls not keyed by their input shapes")
+    parser.add_argument("--train", action="store_true", help="a training step of bench --train --models' model")
     args = parser.parse_args()
     inductor_config.cpp.enable_kernel_profile = True
     threads = [int(t) for t in args.threads.split(",")]
-    model, inputs = MODELS[args.model].build(args.size)
-    fns = {"eager": model}
-    with torch.no_grad():
+    model, inputs = (TRAIN_MODELS if args.train else MODELS)[args.model].build(args.size)
+    fns = {"eager": _step(model) if args.train else model}
+    with torch.enable_grad() if args.train else torch.no_grad():
         for col, backend in (("minicompile", "minicompile"), ("inductor", "inductor")):
             fns[col] = torch.compile(model, backend=backend)
+            if args.train:
+                fns[col] = _step(fns[col])
             t0 = time.perf_counter()
             fns[col](*inputs)
             print(f"{col}: first call {time.perf_counter() - t0:.1f} s", flush=True)
@@ -140,6 +147,13 @@ def main():
                 for v, name in top:
                     print(f"    {v:7.3f}  {name[:110]}")
         torch.set_num_threads(max(threads))
+
+
+def _step(fn):
+    """A training step of ``fn``: its loss, then backward (gradients accumulate; the time does not change)."""
+    def step(*inputs):
+        fn(*inputs).backward()
+    return step
 
 
 if __name__ == "__main__":

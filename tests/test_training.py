@@ -302,40 +302,43 @@ def test_a_backward_that_fails_to_compile_runs_its_aten_graph_eagerly(caplog, fr
     assert graph.backward.run is graph.partition.backward and "simulated compiler bug" in caplog.text
 
 
-def test_the_backward_is_compiled_beside_the_forward(fresh_dynamo):
-    """The backward is compiled while the forward's kernels build, for the layouts the compiled
-    forward returns (its outputs' strides, known before it runs): the first backward compiles
-    nothing."""
+def test_the_backward_is_compiled_beside_the_forward(fresh_dynamo, tmp_path):
+    """The backward is compiled while the forward's kernels build (an empty cache: g++ runs), for
+    the layouts the compiled forward returns (its outputs' strides, known before it runs): the
+    first backward compiles nothing. With the forward's library in the cache there is nothing to
+    overlap, and the backward is left to the first backward (a forward-only caller needs none)."""
     fn = lambda x, w: (torch.nn.functional.gelu(x @ w).transpose(0, 1) * 2).sum()  # noqa: E731
-    rec, out, ins, ref, ref_ins = _compiled_and_eager(fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True))
-    graph = rec.training[0]
-    ahead = graph.ahead[1]
+    with patch(cache_dir=str(tmp_path), fallback_on_error=False):
+        rec, out, ins, ref, ref_ins = _compiled_and_eager(fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True))
+        graph = rec.training[0]
+        ahead = graph.ahead[1]
 
-    def broken(gm, example_inputs, **kw):
-        raise RuntimeError("the backward was compiled again")
-    graph.compile_fn = broken
-    with patch(fallback_on_error=False):
+        def broken(gm, example_inputs, **kw):
+            raise RuntimeError("the backward was compiled again")
+        graph.compile_fn = broken
         out.backward()
-    ref.backward()
-    assert_matches_eager(ins[1].grad, ref_ins[1].grad, **TOL)
-    assert graph.backward is ahead and graph.ahead is None
+        ref.backward()
+        assert_matches_eager(ins[1].grad, ref_ins[1].grad, **TOL)
+        assert graph.backward is ahead and graph.ahead is None
+        rec_again, out, *_ = _compiled_and_eager(fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True))
+        assert rec_again.training[0].ahead is None and rec_again.training[0].backward is None
 
 
-def test_a_backward_compiled_ahead_for_other_layouts_is_compiled_again(fresh_dynamo):
+def test_a_backward_compiled_ahead_for_other_layouts_is_compiled_again(fresh_dynamo, tmp_path):
     """Inputs the first backward gets laid out otherwise than predicted: the backward compiled
     ahead is not used (it indexes its inputs with the predicted strides); it is compiled again."""
     fn = lambda x, w: torch.tanh(x @ w).sum()  # noqa: E731
-    rec, out, ins, ref, ref_ins = _compiled_and_eager(fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True))
-    graph = rec.training[0]
-    expected, ahead = graph.ahead
-    tensor_at = next(k for k, e in enumerate(expected) if isinstance(e, tuple) and len(e[0]) == 2)
-    size, stride, dtype, device = expected[tensor_at]
-    expected[tensor_at] = (size, stride[::-1], dtype, device)   # as if predicted transposed
-    with patch(fallback_on_error=False):
+    with patch(cache_dir=str(tmp_path), fallback_on_error=False):
+        rec, out, ins, ref, ref_ins = _compiled_and_eager(fn, torch.randn(4, 6), torch.randn(6, 3, requires_grad=True))
+        graph = rec.training[0]
+        expected, ahead = graph.ahead
+        tensor_at = next(k for k, e in enumerate(expected) if isinstance(e, tuple) and len(e[0]) == 2)
+        size, stride, dtype, device = expected[tensor_at]
+        expected[tensor_at] = (size, stride[::-1], dtype, device)   # as if predicted transposed
         out.backward()
-    ref.backward()
-    assert_matches_eager(ins[1].grad, ref_ins[1].grad, **TOL)
-    assert graph.backward is not ahead and graph.backward is not None
+        ref.backward()
+        assert_matches_eager(ins[1].grad, ref_ins[1].grad, **TOL)
+        assert graph.backward is not ahead and graph.backward is not None
 
 
 def test_training_on_each_code_generator(backend, fresh_dynamo):

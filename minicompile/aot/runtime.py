@@ -49,8 +49,8 @@ class TrainingGraph:
         self.backward = self.ahead = None
         if any(is_symbolic(x) for x in example_inputs):
             self.backward = self._compile_symbolic_backward()
-        else:
-            self.ahead = self._backward_ahead(example_inputs)
+        elif self.forward.building is not None and not self.forward.building.done():
+            self.ahead = self._backward_ahead(example_inputs)   # while g++ runs: the backward's compile costs no time
         self.forward.ready()    # the forward's build errors are the compile's (the caller may fall back)
         self.forward_calls = 0
         self.backward_calls = 0
@@ -65,9 +65,9 @@ class TrainingGraph:
         return SymbolicLayouts(backward, self.compile_fn(backward, traced_inputs(backward)))
 
     def _backward_ahead(self, example_inputs: list):
-        """(its inputs' layouts, the backward compiled for them) while the forward's kernels build:
-        the saved values as the compiled forward returns them, contiguous tangents. None where a
-        layout is unknown before the forward runs or the compile failed (the first backward compiles)."""
+        """(its inputs' layouts, the backward compiled for them) while the forward's g++ runs (a
+        forward from the cache leaves it to the first backward: a forward-only caller needs none):
+        for the saved values as the compiled forward returns them and contiguous tangents."""
         layouts = self.forward.output_layouts()
         if layouts is None:
             return None

@@ -160,19 +160,16 @@ def _include_flags(cxx: str, headers: bytes) -> list:
 
 
 def build(source: str, units: tuple = ()) -> str:
-    """Path of a shared library built from ``source``: from the cache, or compiled now. ``units``
-    (the source's independent parts, each a translation unit) are compiled in parallel when
-    there are cores for it and enough code (``_parallel_parts``); the library is the same."""
+    """Path of a shared library built from ``source``: from the cache, or compiled now; ``units``
+    (its independent parts) as translation units in parallel where it pays (``_parallel_parts``)."""
     return _build(*_where(source), source, units)
 
 
 def _where(source: str) -> tuple:
-    """What a build reads from the config and the headers, read by the caller's thread: the
-    compiler, the headers (read once: the library's key and whether the precompiled prelude
-    fits), and the cache entry."""
+    """The compiler, the headers (read once: the key, and whether the precompiled prelude fits),
+    the key and the cache entry: what a build reads from the config, read by the caller's thread."""
     cxx, headers = compiler(), _headers()
-    key = build_key(source, headers)
-    return cxx, headers, key, cache.entry_dir("cpp", key)
+    return cxx, headers, (key := build_key(source, headers)), cache.entry_dir("cpp", key)
 
 
 def _build(cxx: str, headers: bytes, key: str, d: str, source: str, units: tuple) -> str:
@@ -264,10 +261,13 @@ _builder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-bui
 
 
 def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:
-    """``load`` in the background: g++ runs while the caller goes on (a training graph's backward
-    is generated while its forward builds). The future's result is the library, or the error."""
-    where = _where(source)
-    return _builder.submit(lambda: load(source, kernels, units, where))
+    """``load`` in the background (a future of the library or the error): g++ runs while the caller
+    goes on. A library in the cache is loaded at once (the future is done)."""
+    where, done = _where(source), Future()
+    if not cache.is_valid(os.path.join(where[3], "kernels.so")):
+        return _builder.submit(lambda: load(source, kernels, units, where))
+    done.set_result(load(source, kernels, units, where))
+    return done
 
 
 def load(source: str, kernels: dict, units: tuple = (), where: tuple | None = None) -> KernelLibrary:

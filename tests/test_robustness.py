@@ -86,6 +86,30 @@ def test_processes_building_the_same_entries_at_once(tmp_path):
     assert not glob.glob(str(tmp_path / "**" / "*.tmp"), recursive=True)
 
 
+def test_a_forked_child_builds_in_the_background_too(tmp_path):
+    """A build in the background (start_load: a training graph's backward while its forward
+    builds) runs on a pool's thread; a child forked later (a DataLoader worker) has none of its
+    parent's threads, and its own background builds must still run, not wait forever on an idle
+    thread that is not there."""
+    source = 'extern "C" void kernel0(float* out) {{ out[0] = {}.0f; }}\n'
+    with config_patch(cache_dir=str(tmp_path)):
+        building = cpp_build.start_load(source.format(7), {"kernel0": 1})
+        building.result(timeout=120)   # its thread is idle: the child's pool would hand it the work
+        pid = os.fork()
+        if pid == 0:   # the child: exit status 0 if its build ran and its kernel wrote 8
+            try:
+                lib = cpp_build.start_load(source.format(8), {"kernel0": 1}).result(timeout=30)
+                out = torch.zeros(1)
+                lib.kernel0(out.data_ptr())
+                os._exit(0 if out.item() == 8.0 else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        out = torch.zeros(1)
+        building.result(timeout=120).kernel0(out.data_ptr())
+    assert os.waitstatus_to_exitcode(status) == 0 and out.item() == 7.0
+
+
 SOURCE = 'extern "C" void kernel0(float* out) { out[0] = 42.0f; }\n'
 
 

@@ -258,6 +258,9 @@ class KernelLibrary:
 
 
 _builder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build")
+# a forked child (a DataLoader worker) has none of the parent's threads: its builds get their own
+os.register_at_fork(after_in_child=lambda: globals().update(
+    _builder=ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build"), _build_locks={}))
 
 
 def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:

@@ -110,6 +110,28 @@ def test_a_forked_child_builds_in_the_background_too(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0 and out.item() == 7.0
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_stopwatch_on_several_threads_waits_for_builds_in_the_background(threads):
+    """g++ in the background (the precompiled prelude, a backward built beside its forward)
+    holds a core: a library choice timed on several threads would wait at each barrier for it
+    and keep the inflated answer on disk. On several threads the timing waits for the builds;
+    on one (a core of its own) it does not."""
+    from concurrent.futures import Future
+    from minicompile.cpu import timing
+    build, finished, calls = Future(), [], []
+    cpp_build._background.add(build)
+    threading.Timer(0.3, lambda: (finished.append(time.perf_counter()), build.set_result(None))).start()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        timing._interleaved_best({"routine": lambda: calls.append(time.perf_counter())})
+    finally:
+        torch.set_num_threads(before)
+        build.result(timeout=5)
+        cpp_build._background.discard(build)
+    assert (min(calls) > finished[0]) == (threads > 1)
+
+
 SOURCE = 'extern "C" void kernel0(float* out) { out[0] = 42.0f; }\n'
 
 

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from minicompile.runtime import cache
+from minicompile.runtime.cpp_build import wait_for_background_builds
 
 log = logging.getLogger("minicompile")
 
@@ -43,6 +44,8 @@ def fastest(variants: dict, example_args: list) -> tuple[str, dict]:
 
 
 def median_call_time(run: Callable, example_args: list) -> float:
+    if torch.get_num_threads() > 1:   # g++ in the background would hold a core its threads wait for
+        wait_for_background_builds()
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example_args)
     run(args)
     times = []

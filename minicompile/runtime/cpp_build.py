@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from minicompile.config import config
 from minicompile.runtime import cache
@@ -96,6 +96,7 @@ _locks_guard = threading.Lock()
 # and the other free), and a build uses it once it is there; g++ reads the header itself where
 # the precompiled one does not fit (another compiler, other flags), so a build never depends on it.
 _pch: dict = {"started": False, "dir": None, "key": None}
+_background: set = set()   # builds running in the background: futures, and the prelude's thread
 
 
 def start_precompiled_prelude() -> None:
@@ -108,7 +109,9 @@ def start_precompiled_prelude() -> None:
     except CompilerNotFound:
         return
     if "Free Software Foundation" in _compiler_version(cxx) and "clang" not in _compiler_version(cxx):
-        threading.Thread(target=_build_pch_quietly, args=(cxx,), daemon=True, name="minicompile-pch").start()
+        thread = threading.Thread(target=_build_pch_quietly, args=(cxx,), daemon=True, name="minicompile-pch")
+        _background.add(thread)
+        thread.start()
 
 
 def _build_pch_quietly(cxx: str) -> None:
@@ -116,6 +119,15 @@ def _build_pch_quietly(cxx: str) -> None:
         _build_pch(cxx)
     except Exception as e:   # noqa: BLE001 - an optimisation: builds read the header without it
         log.debug("minicompile: the precompiled prelude was not built (%s: %s)", type(e).__name__, e)
+    finally:
+        _background.discard(threading.current_thread())
+
+
+def wait_for_background_builds() -> None:
+    """Wait for g++ running in the background (the prelude, start_load): a stopwatch on several
+    threads reads their cores as its own (cpu/timing.py, autotune wait before they time)."""
+    for job in list(_background):
+        job.join() if isinstance(job, threading.Thread) else wait([job])
 
 
 def _pch_key(cxx: str, headers: bytes) -> str:
@@ -260,7 +272,7 @@ class KernelLibrary:
 _builder = ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build")
 # a forked child (a DataLoader worker) has none of the parent's threads: its builds get their own
 os.register_at_fork(after_in_child=lambda: globals().update(
-    _builder=ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build"), _build_locks={}))
+    _builder=ThreadPoolExecutor(max_workers=2, thread_name_prefix="minicompile-build"), _build_locks={}, _background=set()))
 
 
 def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:
@@ -268,7 +280,9 @@ def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:
     goes on. A library in the cache is loaded at once (the future is done)."""
     where, done = _where(source), Future()
     if not cache.is_valid(os.path.join(where[3], "kernels.so")):
-        return _builder.submit(lambda: load(source, kernels, units, where))
+        (job := _builder.submit(lambda: load(source, kernels, units, where))).add_done_callback(_background.discard)
+        _background.add(job)
+        return job
     done.set_result(load(source, kernels, units, where))
     return done
 

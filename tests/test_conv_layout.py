@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minicompile.aot.passes import constructed_by
 from minicompile.config import patch
 from minicompile.ir.nodes import Layout, memory_order
 from minicompile.tools.models import MODELS
@@ -186,6 +187,59 @@ def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dyn
     assert [c.weight for c, _ in seen] == [(8, 3, 3, 3), (8, 8, 3, 3)]
     assert all(convert for _, convert in seen)  # NCHW parameters: converted on every call
     assert (_clones_to_channels_last(graphs[0]) > 0) == (faster == "nhwc")
+
+
+class StemThenBottleneck(nn.Module):
+    """A 3x3 stem, then ResNeXt's 1x1 reduce, grouped 3x3, 1x1 expand: the 1x1 weights are the same
+    bytes in either layout, so only the stem's and the grouped weights are converted."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.reduce = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 8, 1)
+        self.grouped, self.expand = nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.Conv2d(8, 32, 1)
+
+    def forward(self, x):
+        return self.expand(F.relu(self.grouped(F.relu(self.reduce(F.relu(self.stem(x)))))))
+
+
+def test_auto_layout_counts_the_1x1_convolutions_the_conversion_puts_in_nhwc(fresh_dynamo, monkeypatch):
+    # ResNeXt (quick, one thread) measured its stem and grouped convolutions about even both ways
+    # and ran NCHW, where its twelve 1x1 convolutions took 1.5-4x their NHWC time: they needed no
+    # conversion of their own and were left out of the sum. Each convolution is counted once.
+    from minicompile.cpu import conv_layout
+    seen = []
+
+    def times(conv, convert_weight):   # the converted ones a little faster NCHW, the 1x1 ones much slower
+        seen.append(conv.weight)
+        return {"nchw": 1.0, "nhwc": 1.1} if conv.weight[2:] != (1, 1) else {"nchw": 4.0, "nhwc": 1.0}
+    monkeypatch.setattr(conv_layout, "conv_layout_times", times)
+    torch.manual_seed(0)
+    model, x = StemThenBottleneck().eval(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    with patch(conv_layout="auto"):
+        out, graphs = compile_with_dynamo(model, x)
+    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    assert sorted(seen) == sorted([(16, 3, 3, 3), (8, 16, 1, 1), (8, 2, 3, 3), (32, 8, 1, 1)])
+    assert _clones_to_channels_last(graphs[0]) > 0   # NHWC: 2 x 1.1 + 2 x 1.0 against 2 x 1.0 + 2 x 4.0
+    header = [line for line in constructed_by(graphs[0].aten).splitlines() if "layout of" in line]
+    assert header and header[0].startswith("# cpu: layout of 4 convolution(s) -> nhwc"), header
+
+
+def test_a_1x1_convolution_on_nhwc_data_is_timed_as_the_faster_product(monkeypatch):
+    # pointwise_convs_as_linear runs it as oneDNN's linear or MKL's mm (the GEMM choice): NHWC's
+    # time is the faster of the two
+    from minicompile.cpu import timing
+    from minicompile.cpu.conv_layout import ConvShape, conv_layout_times
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)
+    table = {"nchw": 3.0, "nhwc": 4.0, "nhwc_mm": 1.0}
+    monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: {n: table[n] for n in candidates})
+    pointwise = ConvShape((2, 8, 4, 4), (16, 8, 1, 1), False, (1, 1), (0, 0), (1, 1), 1, True, True)
+    dense = ConvShape((2, 8, 4, 4), (16, 8, 3, 3), False, (1, 1), (1, 1), (1, 1), 1, True, True)
+    assert conv_layout_times(pointwise, convert_weight=False) == {"nchw": 3.0, "nhwc": 1.0}
+    assert conv_layout_times(dense, convert_weight=False) == {"nchw": 3.0, "nhwc": 4.0}
 
 
 def test_layout_times_count_the_weight_conversion_and_run_1x1_as_linear():

@@ -65,15 +65,23 @@ def claim_convolution(input, weight, bias, stride, padding, dilation, transposed
         return None
     cl = torch.channels_last
     x_ready, w_ready = input.is_contiguous(memory_format=cl), weight.is_contiguous(memory_format=cl)
-    if (x_ready and w_ready) or not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
+    shape = ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride), tuple(padding),
+                      tuple(dilation), groups, w_ready, x_ready, input.dtype)
+    if x_ready and w_ready:   # nothing to convert; channels-last here if an earlier conversion made it so
+        if claims.convert_inputs and not input.is_contiguous() and not claims.converting:
+            claims.followed.append(shape)
+        return None
+    if not (x_ready or input.is_contiguous()) or not (w_ready or weight.is_contiguous()):
         return None
     if not claims.convert_inputs and not x_ready:
         return None
-    claims.convs.append(ConvShape(tuple(input.shape), tuple(weight.shape), bias is not None, tuple(stride),
-                                  tuple(padding), tuple(dilation), groups, w_ready, x_ready, input.dtype))
+    claims.convs.append(shape)
     x = input if x_ready else aten.clone.default(input, memory_format=cl)
     w = weight if w_ready else aten.clone.default(weight, memory_format=cl)
-    return aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    claims.converting = True   # the call below comes back here, its operands ready: not another convolution
+    y = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    claims.converting = False
+    return y
 
 
 @dataclass
@@ -81,6 +89,10 @@ class Claims:
     """What the claim does inside one trace, and the convolutions it converted there."""
     convert_inputs: bool                  # the channels-last trace; else only weights, as above
     convs: list = field(default_factory=list)
+    # convolutions of a channels-last input and a weight of either layout (1x1: the same bytes), which
+    # run as they are: NHWC only because a conversion before them made it so, NCHW in the other trace
+    followed: list = field(default_factory=list)
+    converting: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,7 +162,7 @@ def eager_channels_last_convs(gm: torch.fx.GraphModule) -> Counter:
         if node.op != "call_function" or node.target not in (torch.conv2d, torch.nn.functional.conv2d) \
                 or len(node.args) < 2:
             continue
-        x, w = (_example(a) for a in node.args[:2])
+        x, w = (example_value(a) for a in node.args[:2])
         if (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4
                 and all(isinstance(s, int) for s in (*x.shape, *x.stride(), *w.shape))
                 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()):
@@ -158,14 +170,15 @@ def eager_channels_last_convs(gm: torch.fx.GraphModule) -> Counter:
     return found
 
 
-def _example(arg):
+def example_value(arg):
     return arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else None
 
 
 def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     """Seconds per call of ``conv`` on NCHW data and on NHWC data (its weight converted in the
-    call when ``convert_weight``; a 1x1 one as oneDNN's linear over the pixels, the product it
-    becomes unless MKL's mm is within ``cpu_policy.ONEDNN_MARGIN`` of it or faster)."""
+    call when ``convert_weight``). A 1x1 one on NHWC data is the matrix product it becomes
+    (``pointwise_convs_as_linear``): oneDNN's linear over the pixels or MKL's mm, whichever is
+    faster (the GEMM choice takes one or the other)."""
     cl = torch.channels_last
 
     @functools.cache
@@ -180,19 +193,26 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
 
     def nhwc():
         _, w, b, x = operands()
-        if conv.pointwise:
-            n, c, h, wd = conv.input
-            return torch.ops.mkldnn._linear_pointwise(x.permute(0, 2, 3, 1).reshape(n * h * wd, c),
-                                                      w.view(conv.weight[0], c), b, "none", [], "")
         w = w.contiguous(memory_format=cl) if convert_weight else w
         return torch.convolution(x, w, b, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups)
+
+    def product(mm: bool):
+        (_, w, b, x), (n, c, h, wd) = operands(), conv.input
+        x, w = x.permute(0, 2, 3, 1).reshape(n * h * wd, c), w.view(conv.weight[0], c)
+        if not mm:
+            return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
     dtype = [] if conv.dtype == torch.float32 else [str(conv.dtype)]
     key = cache.digest("conv-layout", torch.__version__, cpu_name(), str(torch.get_num_threads()), repr(conv),
                        str(convert_weight and not conv.pointwise), *dtype)
+    candidates = {"nchw": nchw, "nhwc": nhwc} if not conv.pointwise else \
+        {"nchw": nchw, "nhwc": functools.partial(product, False), "nhwc_mm": functools.partial(product, True)}
     with real_tensors():
-        return library_times(key, {"nchw": nchw, "nhwc": nhwc},
-                             f"convolution {conv.input} * {conv.weight}{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
+        times = library_times(key, candidates, f"convolution {conv.input} * {conv.weight}"
+                              f"{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
+    nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)   # the faster product
+    return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", nhwc)) if t is not None}
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:
@@ -200,7 +220,7 @@ def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     strides = []
     for arg in _flat(out.args[0]):
-        val = _example(arg) if isinstance(arg, torch.fx.Node) else arg
+        val = example_value(arg) if isinstance(arg, torch.fx.Node) else arg
         if isinstance(val, torch.Tensor):
             if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
                 return None  # symbolic sizes: the claim declines them anyway
@@ -259,7 +279,7 @@ def functionalize_channels_last(functionalize, gm, ctx):
             raise
         traced = None
     if traced is not None and claims.convs and not channels_last_pays(
-            claims.convs, prepares_weights(ctx), eager_channels_last_convs(gm)):
+            claims.convs + claims.followed, prepares_weights(ctx), eager_channels_last_convs(gm)):
         traced = None  # NCHW measured faster here: trace as the user wrote it
     if traced is not None and (not claims.convs or restore_outputs(traced, expected)):
         return traced

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minicompile.config import config
-from minicompile.cpu.conv_layout import ConvShape
+from minicompile.cpu.conv_layout import ConvShape, example_value
 from minicompile.cpu.timing import Decision, NoCandidateRan, cpu_name, library_times, real_tensors, record
 from minicompile.runtime import cache
 
@@ -64,15 +64,11 @@ def training_convs(gm: torch.fx.GraphModule) -> list:
     convs = []
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in CONV2D and len(node.args) >= 2:
-            x, w = (_example(a) for a in node.args[:2])
+            x, w = (example_value(a) for a in node.args[:2])
             if (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.device.type == "cpu"
                     and x.dtype == w.dtype == torch.float32 and x.dim() == w.dim() == 4):
                 convs.append(_train_conv(node, x, w))
     return convs
-
-
-def _example(arg):
-    return arg.meta.get("example_value", arg.meta.get("val")) if isinstance(arg, torch.fx.Node) else None
 
 
 def _pair(v) -> tuple:

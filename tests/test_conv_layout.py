@@ -167,23 +167,29 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
     assert targets.count(torch.ops.aten.convolution.default) == 1
 
 
-@pytest.mark.parametrize("faster", ["nchw", "nhwc"])
-def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dynamo, monkeypatch, faster):
-    # conv_layout "auto" adds each convolution's two measured times: the graph takes the smaller sum
+def _compiled_with_layout_times(monkeypatch, model, x, times):
+    """``model`` compiled under conv_layout "auto" with ``times(conv, convert_weight)`` as each
+    convolution's measured times; checked against eager. The compiled graphs."""
     from minicompile.cpu import conv_layout
-    seen = []
-
-    def times(conv, convert_weight):
-        seen.append((conv, convert_weight))
-        return {"nchw": 1.0, "nhwc": 2.0} if faster == "nchw" else {"nchw": 2.0, "nhwc": 1.0}
     monkeypatch.setattr(conv_layout, "conv_layout_times", times)
-    torch.manual_seed(0)
-    model, x = _eval(ConvChain()), torch.randn(2, 3, 12, 10)
     with torch.no_grad():
         ref = model(x)
     with patch(conv_layout="auto"):
         out, graphs = compile_with_dynamo(model, x)
     assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    return graphs
+
+
+@pytest.mark.parametrize("faster", ["nchw", "nhwc"])
+def test_auto_layout_takes_the_layout_its_convolutions_measured_faster(fresh_dynamo, monkeypatch, faster):
+    # conv_layout "auto" adds each convolution's two measured times: the graph takes the smaller sum
+    seen = []
+
+    def times(conv, convert_weight):
+        seen.append((conv, convert_weight))
+        return {"nchw": 1.0, "nhwc": 2.0} if faster == "nchw" else {"nchw": 2.0, "nhwc": 1.0}
+    torch.manual_seed(0)
+    graphs = _compiled_with_layout_times(monkeypatch, _eval(ConvChain()), torch.randn(2, 3, 12, 10), times)
     assert [c.weight for c, _ in seen] == [(8, 3, 3, 3), (8, 8, 3, 3)]
     assert all(convert for _, convert in seen)  # NCHW parameters: converted on every call
     assert (_clones_to_channels_last(graphs[0]) > 0) == (faster == "nhwc")
@@ -206,20 +212,13 @@ def test_auto_layout_counts_the_1x1_convolutions_the_conversion_puts_in_nhwc(fre
     # ResNeXt (quick, one thread) measured its stem and grouped convolutions about even both ways
     # and ran NCHW, where its twelve 1x1 convolutions took 1.5-4x their NHWC time: they needed no
     # conversion of their own and were left out of the sum. Each convolution is counted once.
-    from minicompile.cpu import conv_layout
     seen = []
 
     def times(conv, convert_weight):   # the converted ones a little faster NCHW, the 1x1 ones much slower
         seen.append(conv.weight)
         return {"nchw": 1.0, "nhwc": 1.1} if conv.weight[2:] != (1, 1) else {"nchw": 4.0, "nhwc": 1.0}
-    monkeypatch.setattr(conv_layout, "conv_layout_times", times)
     torch.manual_seed(0)
-    model, x = StemThenBottleneck().eval(), torch.randn(2, 3, 8, 8)
-    with torch.no_grad():
-        ref = model(x)
-    with patch(conv_layout="auto"):
-        out, graphs = compile_with_dynamo(model, x)
-    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    graphs = _compiled_with_layout_times(monkeypatch, StemThenBottleneck().eval(), torch.randn(2, 3, 8, 8), times)
     assert sorted(seen) == sorted([(16, 3, 3, 3), (8, 16, 1, 1), (8, 2, 3, 3), (32, 8, 1, 1)])
     assert _clones_to_channels_last(graphs[0]) > 0   # NHWC: 2 x 1.1 + 2 x 1.0 against 2 x 1.0 + 2 x 4.0
     header = [line for line in constructed_by(graphs[0].aten).splitlines() if "layout of" in line]
@@ -288,20 +287,13 @@ def test_convolution_of_an_eager_channels_last_input_is_left_out_and_gets_its_we
         fresh_dynamo, monkeypatch, faster):
     # its input is channels-last in both traces: only the stem decides, and in the NCHW trace the
     # downsampling weight is still converted (not reordered by oneDNN inside every call)
-    from minicompile.cpu import conv_layout
     seen = []
 
     def times(conv, convert_weight):
         seen.append(conv.weight)
         return {"nchw": 1.0, "nhwc": 2.0} if faster == "nchw" else {"nchw": 2.0, "nhwc": 1.0}
-    monkeypatch.setattr(conv_layout, "conv_layout_times", times)
     torch.manual_seed(0)
-    model, x = PermutedNormThenConv().eval(), torch.randn(2, 3, 8, 8)
-    with torch.no_grad():
-        ref = model(x)
-    with patch(conv_layout="auto"):
-        out, graphs = compile_with_dynamo(model, x)
-    assert_matches_eager(out, ref, atol=1e-5, rtol=1e-5)
+    graphs = _compiled_with_layout_times(monkeypatch, PermutedNormThenConv().eval(), torch.randn(2, 3, 8, 8), times)
     assert seen == [(8, 3, 2, 2)]
     convs = [n for n in graphs[0].aten.gm.graph.nodes if n.target in CONVOLUTIONS]
     down = convs[-1]

@@ -47,6 +47,23 @@ def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
                      "for (int64_t x2 = 12; x2 < 16; ++x2)"], loops
 
 
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.contiguous_format], ids=["channels last", "nchw"])
+def test_each_piece_loop_loads_its_own_piece_only(fmt):
+    """Each piece's loop holds one load, of its piece: the selects the range decides are folded
+    and the other pieces' loads dropped when the body is written (cpp_pieces.fold_in_range), not
+    left to g++. DenseNet's layer k wrote k loops of k loads and selects each (23,443 lines, half
+    of its cold compile in g++)."""
+    def fn(*args):
+        x = torch.cat(args[:-2], 1)
+        return F.relu(x * args[-2].view(1, -1, 1, 1) + args[-1].view(1, -1, 1, 1))
+    widths = [8] + [4] * 11
+    pieces = [torch.randn(2, n, 3, 3).to(memory_format=fmt) for n in widths]
+    compiled = check(fn, *pieces, torch.randn(sum(widths)), torch.randn(sum(widths)))
+    src = compiled.kernel_source
+    assert src.count("std::min<int64_t>(std::max<int64_t>(") == len(widths), src   # was 12 * 12
+    assert "mc_where(" not in src and " < INT64_C(" not in src, src
+
+
 @pytest.mark.parametrize("threshold", [1, 1 << 40], ids=["threads", "no region"])
 def test_concatenation_read_along_an_outer_loop_runs_one_loop_per_piece(threshold):
     """The same BatchNorm-ReLU over a concatenation in NCHW layout: the concatenated dimension

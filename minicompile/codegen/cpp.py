@@ -257,7 +257,8 @@ class CppKernel(KernelRenderer):
             headers.append(hdr)
         if self.plan.inline_trig:
             return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
-        cut = cut_at_pieces(headers, dims, body, self.indices) if simd_inner and not k.scratch else None
+        types = {a.name: CTYPE[a.dtype] for a in self.args}
+        cut = cut_at_pieces(headers, dims, body, self.indices, types) if simd_inner and not k.scratch else None
         return hoisted + (cut or nest(headers, body))   # a concatenation read: one loop per piece
 
     def _threads_pragma(self, clauses: str) -> str:

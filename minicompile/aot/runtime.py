@@ -49,9 +49,10 @@ class TrainingGraph:
         self.backward = self.ahead = None
         if any(is_symbolic(x) for x in example_inputs):
             self.backward = self._compile_symbolic_backward()
-        elif self.forward.building is not None and not self.forward.building.done():
+        elif (building := getattr(self.forward, "building", None)) is not None and not building.done():
             self.ahead = self._backward_ahead(example_inputs)   # while g++ runs: the backward's compile costs no time
-        self.forward.ready()    # the forward's build errors are the compile's (the caller may fall back)
+        if hasattr(self.forward, "ready"):
+            self.forward.ready()    # the forward's build errors are the compile's (the caller may fall back)
         self.forward_calls = 0
         self.backward_calls = 0
 
@@ -68,7 +69,7 @@ class TrainingGraph:
         """(its inputs' layouts, the backward compiled for them) while the forward's g++ runs (a
         forward from the cache leaves it to the first backward: a forward-only caller needs none):
         for the saved values as the compiled forward returns them and contiguous tangents."""
-        layouts = self.forward.output_layouts()
+        layouts = getattr(self.forward, "output_layouts", lambda: None)()
         if layouts is None:
             return None
         n, part = self.joint.num_outputs, self.partition
@@ -76,10 +77,10 @@ class TrainingGraph:
         expected += [(lay[0], _contiguous(lay[0]), lay[2], lay[3]) for lay in (layouts[i] for i in self.joint.diff_outputs)]
         inputs = [torch.empty_strided(*e[:2], dtype=e[2], device=e[3]) if isinstance(e, tuple) else e for e in expected]
         try:
-            return [_layout(x) for x in inputs], self.compile_fn(part.backward, inputs, wait=False)
-        except Exception as e:   # noqa: BLE001 - compiled again at the first backward, which reports it
-            log.debug("minicompile: the backward was not compiled ahead (%s: %s)", type(e).__name__, e)
-            return None
+            compiled = self.compile_fn(part.backward, inputs, wait=False)
+        except Exception as e:   # noqa: BLE001 - the first backward's, if its inputs are laid out so
+            compiled = e
+        return [_layout(x) for x in inputs], compiled
 
     @property
     def report(self):
@@ -107,26 +108,32 @@ class TrainingGraph:
         return tuple(self.backward(*inputs))
 
     def _take_ahead(self, inputs: list):
-        """The backward compiled ahead if ``inputs`` have the layouts it was compiled for and it built."""
+        """The backward compiled ahead if ``inputs`` have the layouts it was compiled for (its
+        failure goes to ``_compile_backward``'s fallbacks, not compiled a second time); else None."""
         (expected, compiled), self.ahead = self.ahead, None
-        try:
-            return compiled.ready() and compiled if [_layout(x) for x in inputs] == expected else None
-        except Exception as e:   # noqa: BLE001 - compiled again now, with the usual fallbacks
-            log.debug("minicompile: the backward compiled ahead did not build (%s: %s)", type(e).__name__, e)
+        if [_layout(x) for x in inputs] != expected:
             return None
+        try:
+            if isinstance(compiled, Exception):
+                raise compiled
+            return compiled.ready() and compiled
+        except Exception as e:   # noqa: BLE001 - the fallbacks decide
+            return self._compile_backward(inputs, e)
 
-    def _compile_backward(self, inputs: list):
+    def _compile_backward(self, inputs: list, error: Exception | None = None):
         """Compiled for the saved values as the forward really produced them; if that fails and
         their layouts differ from the traced ones, compiled for the traced layouts (the compiled
         forward may hand backward a view of a buffer it laid out, which the graph's own views,
         ``view`` after a ``permute``, do not allow). The forward has run, so a failed compile
         cannot fall back to the eager graph: the ATen backward graph itself runs eagerly instead
-        (it computes the same gradients, op by op), on its inputs in the traced layouts."""
+        (it computes the same gradients, op by op), on its inputs in the traced layouts. ``error``:
+        the compile for these inputs failed already (ahead of the first backward)."""
         backward = self.partition.backward
-        try:
-            return self.compile_fn(backward, inputs)
-        except Exception as e:
-            error = e
+        if error is None:
+            try:
+                return self.compile_fn(backward, inputs)
+            except Exception as e:
+                error = e
         if any(_restrided(x, t) is not x for x, t in zip(inputs, traced_inputs(backward))):
             # not a fallback: the same compiled backward, fed copies in the layouts it was traced in
             log.info("minicompile: compiling the backward for the forward's layouts failed (%s: %s); "

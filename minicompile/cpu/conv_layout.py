@@ -211,8 +211,8 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     with real_tensors():
         times = library_times(key, candidates, f"convolution {conv.input} * {conv.weight}"
                               f"{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
-    nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)   # the faster product
-    return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", nhwc)) if t is not None}
+    best_nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)   # the faster product
+    return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", best_nhwc)) if t is not None}
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:

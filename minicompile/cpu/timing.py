@@ -22,8 +22,7 @@ from typing import Callable
 import torch
 
 from minicompile.aot.autocast import autocast_off
-from minicompile.runtime.autotune import load_timings, save_choice
-from minicompile.runtime.cpp_build import wait_for_background_builds
+from minicompile.runtime.autotune import before_timing, load_timings, save_choice
 
 log = logging.getLogger("minicompile")
 
@@ -98,8 +97,7 @@ def real_tensors():
 
 
 def _interleaved_best(candidates: dict) -> dict:
-    if torch.get_num_threads() > 1:   # g++ in the background would hold a core its threads wait for
-        wait_for_background_builds()
+    before_timing()
     times, errors = {name: [] for name in candidates}, {}
     for name, call in candidates.items():
         try:

@@ -43,9 +43,15 @@ def fastest(variants: dict, example_args: list) -> tuple[str, dict]:
     return min(timings, key=timings.get), timings
 
 
-def median_call_time(run: Callable, example_args: list) -> float:
-    if torch.get_num_threads() > 1:   # g++ in the background would hold a core its threads wait for
+def before_timing() -> None:
+    """On several threads, wait for this process's g++ in the background first: it holds a core the
+    threads wait for at each barrier, and the inflated answer is kept on disk (one thread has its own)."""
+    if torch.get_num_threads() > 1:
         wait_for_background_builds()
+
+
+def median_call_time(run: Callable, example_args: list) -> float:
+    before_timing()
     args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example_args)
     run(args)
     times = []

@@ -124,8 +124,7 @@ def _build_pch_quietly(cxx: str) -> None:
 
 
 def wait_for_background_builds() -> None:
-    """Wait for g++ running in the background (the prelude, start_load): a stopwatch on several
-    threads reads their cores as its own (cpu/timing.py, autotune wait before they time)."""
+    """Wait for g++ running in the background (the prelude, start_load): see autotune.before_timing."""
     for job in list(_background):
         job.join() if isinstance(job, threading.Thread) else wait([job])
 
@@ -278,13 +277,13 @@ os.register_at_fork(after_in_child=lambda: globals().update(
 def start_load(source: str, kernels: dict, units: tuple = ()) -> Future:
     """``load`` in the background (a future of the library or the error): g++ runs while the caller
     goes on. A library in the cache is loaded at once (the future is done)."""
-    where, done = _where(source), Future()
-    if not cache.is_valid(os.path.join(where[3], "kernels.so")):
-        (job := _builder.submit(lambda: load(source, kernels, units, where))).add_done_callback(_background.discard)
-        _background.add(job)
+    where, job = _where(source), Future()
+    if cache.is_valid(os.path.join(where[3], "kernels.so")):
+        job.set_result(load(source, kernels, units, where))
         return job
-    done.set_result(load(source, kernels, units, where))
-    return done
+    _background.add(job := _builder.submit(lambda: load(source, kernels, units, where)))
+    job.add_done_callback(_background.discard)   # after add: one done already is discarded at once
+    return job
 
 
 def load(source: str, kernels: dict, units: tuple = (), where: tuple | None = None) -> KernelLibrary:

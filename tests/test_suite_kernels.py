@@ -34,39 +34,39 @@ def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
     """DenseNet's BatchNorm-ReLU reads the concatenation of its block's features in channels-last
     layout: the concatenated dimension is the innermost loop, and each element loaded every piece
     at a clamped index (a gather per piece) and picked one, ten times slower than Inductor's
-    kernel. The loop is now cut at the pieces' edges, each range loading its own piece only; the
-    pieces of one width laid out alike are one loop over a table of their pointers."""
+    kernel. The loop is now cut at the pieces' edges, each range planned and written on its own
+    and loading its own piece only, at an index without a clamp."""
     def fn(a, b, c, w, s):
         x = torch.cat([a, b, c], 1)
         return F.relu(x * w.view(1, -1, 1, 1) + s.view(1, -1, 1, 1))
     cl = torch.channels_last
     pieces = [torch.randn(2, n, 5, 5).to(memory_format=cl) for n in (8, 4, 4)]
     compiled = check(fn, *pieces, torch.randn(16), torch.randn(16))
-    loops = [ln.strip() for ln in compiled.kernel_source.splitlines() if ln.strip().startswith(("for (int64_t x2", "for (int64_t piece"))]
-    assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t piece = 0; piece < 2; ++piece)",
-                     "for (int64_t piece_c = 0; piece_c < 4; ++piece_c)"], loops
+    src = compiled.kernel_source
+    loops = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("for (int64_t x2")]
+    assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t x2 = 8; x2 < 12; ++x2)",
+                     "for (int64_t x2 = 12; x2 < 16; ++x2)"], loops
+    assert "mc_where(" not in src and "std::max<int64_t>(" not in src and all(src.count(f"arg{k}") == 2 for k in range(3)), src
+    assert "x2 cut in 3 pieces at 8, 12" in str(compiled.schedule), compiled.schedule
 
 
 @pytest.mark.parametrize("fmt", [torch.channels_last, torch.contiguous_format], ids=["channels last", "nchw"])
 def test_many_pieces_are_cut_each_loading_its_own(fmt):
     """25 pieces (DenseNet-121's third block ends with 25): each range loads its own piece only,
-    the selects its range decides folded and the other pieces' loads dropped when the body is
-    written (cpp_pieces.fold_in_range), not left to g++; along the innermost loop the 24 pieces
-    of one width are one loop over a table of their pointers. DenseNet's layer k wrote k loops of
-    k loads and selects each (23,443 lines, half of its cold compile in g++), and a concatenation
-    of more than 16 pieces was not cut at all: every element loaded every piece."""
+    with no select and no clamp: the concatenation, planned over a range, reads the one piece
+    there (not left to g++ to fold: DenseNet's layer k wrote k loops of k loads and selects each,
+    23,443 lines, half of its cold compile in g++), and a concatenation of more than 16 pieces
+    was not cut at all: every element loaded every piece."""
     def fn(*args):
         x = torch.cat(args[:-2], 1)
         return F.relu(x * args[-2].view(1, -1, 1, 1) + args[-1].view(1, -1, 1, 1))
     widths = [8] + [4] * 24
     pieces = [torch.randn(2, n, 3, 3).to(memory_format=fmt) for n in widths]
     src = check(fn, *pieces, torch.randn(sum(widths)), torch.randn(sum(widths))).kernel_source
-    assert "mc_where(" not in src and " < INT64_C(" not in src, src
-    loads = src.count("std::min<int64_t>(std::max<int64_t>(")
-    if fmt == torch.channels_last:
-        assert loads == 1 and "const float* const pieces_x2_8[24] = {" in src, src
-    else:
-        assert loads == len(widths), src
+    assert "mc_where(" not in src and " < INT64_C(" not in src and "std::max<int64_t>(" not in src, src
+    channel = "x2" if fmt == torch.channels_last else "x1"
+    starts = [ln.split("=")[1].split(";")[0].strip() for ln in src.splitlines() if f"for (int64_t {channel} = " in ln]
+    assert starts == [str(8 + 4 * k) if k >= 0 else "0" for k in range(-1, 24)], src
 
 
 def _random_concatenation(seed: int):
@@ -91,7 +91,7 @@ def _random_concatenation(seed: int):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_concatenation_reads_match_eager(seed):
-    """The concatenation read's piece loops (folded when written, piece tables) against eager on
+    """The concatenation read's piece loops (each range planned on its own) against eager on
     seeded random concatenations: piece counts past the cut limit's old 16, widths equal and
     mixed, layouts, dtypes, three readers. (120 seeds of the same generator passed when written.)"""
     fn, args, dtype = _random_concatenation(seed)
@@ -141,6 +141,6 @@ def test_dense_block_chain_matches_eager_in_both_layouts():
     for fmt in (torch.contiguous_format, torch.channels_last):
         with torch.no_grad():
             compiled = check(block, torch.randn(2, 6, 7, 7).to(memory_format=fmt), atol=1e-4, rtol=1e-4)
-        src = compiled.kernel_source   # the last concatenation's last piece (channels 14..17): its loop, or in a table
+        src = compiled.kernel_source   # the last concatenation's last piece (channels 14..17): its loop
         cut = [ln for ln in src.splitlines() if "; x" in ln and "= 14; " in ln and "< 18;" in ln]
-        assert len(cut) == 1 if fmt == torch.contiguous_format else "pieces_x2_6[3] = {" in src, src
+        assert cut and "mc_where(" not in src and "std::max<int64_t>(" not in src, src

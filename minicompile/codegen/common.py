@@ -118,6 +118,7 @@ class KernelRenderer:
         self.sources = sources
         self.counter = itertools.count()  # numbers temporaries and accumulators, unique in the kernel
         self.args = kernel_args(kernel, buffers, storage)
+        self.narrow: dict = {}   # loop variable -> the same over part of its range (a loop cut in pieces)
 
     def pointer(self, name: str) -> str:
         """The argument a buffer is read or written through (a mutated input's, for in-place ones)."""
@@ -155,6 +156,8 @@ class KernelRenderer:
     def evaluate(self, ops, node):
         """Run ``node``'s body against ``ops`` at the kernel's loop variables; its value."""
         index, rindex = self.k.node_index(node)
+        if self.narrow:
+            index = [e.substitute(self.narrow) for e in index]
         if isinstance(node.data, Reduction):
             return node.data.body(ops, index, rindex)
         return node.data.body(ops, index)

@@ -21,7 +21,6 @@ from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelR
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
-from minicompile.codegen.cpp_pieces import cut_at_pieces
 from minicompile.codegen.same_code import code_key, cpp_forwarder
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
@@ -65,7 +64,6 @@ class CppOps:
     before_loop: list | None = None   # row-level statements: before this loop, once per outer point
     channel: ChannelValues | None = None   # channel-level values: arrays filled before the loops
     trig_args: list | None = None     # the inline sin/cos's arguments, checked against MC_TRIG_MAX
-    indices: list | None = None       # every index loaded at (codegen/cpp_pieces.py reads them)
     # inline sin/cos: index in ``lines`` -> the statement with the library's, for the row's redo
     redo: dict = field(default_factory=dict)
     planned: Iterator = iter(())
@@ -94,8 +92,6 @@ class CppOps:
             return value
         if name in self.scratch:
             return self._tmp(compute_dtype(dtype), self.scratch[name])
-        if self.indices is not None:
-            self.indices.append(index)
         raw = f"{self.storage.get(name, name)}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
             raw = f"mc_bf16_to_f32({raw})"
@@ -182,6 +178,7 @@ class CppKernel(KernelRenderer):
         self.read_only = {a.name for a in self.args if not a.written}
         # the plan the scheduler asked for (CppBackend.caps.plan), or made here
         self.plan: KernelPlan = k.values if isinstance(k.values, KernelPlan) else plan_kernel(self)
+        self.calls = self.plan.calls   # the plan's calls of the body being spelled (a piece's: _cut_loops)
         self.hoisted: list | None = [] if self.plan.hoist else None   # kernel-level statements
         self.channel = ChannelValues(self.plan.channels) if self.plan.channels else None
         self.trig_args = [] if self.plan.trig else None   # the inline sin/cos's arguments (CppOps)
@@ -191,17 +188,16 @@ class CppKernel(KernelRenderer):
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
         self.parallel = False  # whether the outer loop runs on threads (decided by _outer)
-        self.indices = []      # the indices the body loads at (cpp_pieces.py)
 
     def loop_ops(self, known: dict, lines: list, before_loop: list | None = None, **kwargs) -> CppOps:
         """The ops handler of a stage: ``lines`` its statements, ``before_loop`` (in a loop stage)
         those once per outer point before it; ``known`` the values kept in registers."""
         return CppOps(self.storage, known, lines, self.counter, scratch=self.scratch,
-                      hoisted=self.hoisted, before_loop=before_loop, indices=self.indices, **kwargs)
+                      hoisted=self.hoisted, before_loop=before_loop, **kwargs)
 
     def evaluate(self, ops, node):
         """``node``'s value, spelled as planned."""
-        ops.planned = iter(self.plan.calls[node.name])
+        ops.planned = iter(self.calls[node.name])
         value = super().evaluate(ops, node)
         assert next(ops.planned, None) is None, f"{node.name}: the plan and the body disagree"
         return value
@@ -233,11 +229,10 @@ class CppKernel(KernelRenderer):
             return ["// empty output: nothing to compute"]
         if self.plan.column is not None:   # a reduction over rows, one result per column (cpp_columns.py)
             return render_columns(self, self.plan.column)
-        body = self._point_body()
-        hoisted = (self.hoisted or []) + (self.channel.block() if self.channel else [])
         dims = list(zip(k.outer_vars, k.outer_ranges))
         if not dims:
-            return hoisted + body
+            body = self._point_body()
+            return self._hoisted() + body
         # symbolic sizes: threads or not is decided at run time, from the actual amount of work
         parallel = (self.work >= config.parallel_threshold if self.static else True) and not self.inner_parallel
         self.parallel = parallel
@@ -255,11 +250,30 @@ class CppKernel(KernelRenderer):
                 hdr.append("#pragma omp simd")
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
             headers.append(hdr)
+        if self.plan.cut is not None:   # a concatenation read: one loop per piece
+            loops = self._cut_loops(headers, [v for v, _ in dims].index(self.plan.cut))
+            return self._hoisted() + loops
+        body = self._point_body()
         if self.plan.inline_trig:
-            return hoisted + self._rows_with_trig_check(headers, dims, body, parallel)
-        types = {a.name: CTYPE[a.dtype] for a in self.args}
-        cut = cut_at_pieces(headers, dims, body, self.indices, types) if simd_inner and not k.scratch else None
-        return hoisted + (cut or nest(headers, body))   # a concatenation read: one loop per piece
+            return self._hoisted() + self._rows_with_trig_check(headers, dims, body, parallel)
+        return self._hoisted() + nest(headers, body)
+
+    def _hoisted(self) -> list:
+        """The statements before the loops, once every body is spelled: kernel-level values, channel arrays."""
+        return (self.hoisted or []) + (self.channel.block() if self.channel else [])
+
+    def _cut_loops(self, headers: list, d: int) -> list:
+        """The nest with loop ``d`` cut at the plan's ranges, each range's body spelled from its own
+        plan with the loop variable narrowed to it (cpp_pieces.py): the innermost loop is one loop
+        per range; an outer one, a copy of the nest per range."""
+        var, out = self.plan.cut, []
+        for piece, calls in self.plan.pieces:
+            self.narrow, self.calls = {var: Expr.of(piece)}, calls
+            loop = headers[d][:-1] + [f"for (int64_t {var.name} = {piece.start}; {var.name} < {piece.size}; ++{var.name})"]
+            inner = d == len(headers) - 1
+            out += nest([loop] if inner else headers[:d] + [loop] + headers[d + 1:], self._point_body())
+        self.narrow, self.calls = {}, self.plan.calls
+        return nest(headers[:d], out) if d == len(headers) - 1 else out
 
     def _threads_pragma(self, clauses: str) -> str:
         """The outer loop's pragma: its own parallel region, or (in a group) a share of the
@@ -350,7 +364,7 @@ class CppKernel(KernelRenderer):
                 self.store_or_keep(ops, n, value, known)
 
     def store_or_keep(self, ops, n, value, known):
-        where = self.k.store_index(n)
+        where = self.k.store_index(n).substitute(self.narrow) if self.narrow else self.k.store_index(n)
         if n.name in self.k.local:
             known[n.name] = (where, value)
         elif n.name in self.k.scratch:

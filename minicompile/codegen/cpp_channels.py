@@ -36,16 +36,19 @@ class ChannelValues:
     lines: dict = field(default_factory=dict)   # variable -> the statements of its filling loop
 
     def add(self, var, name: str, ctype: str, expr: str) -> str:
-        """A new value ``name`` = ``expr`` per value of ``var``; how the loops read it."""
+        """A new value ``name`` = ``expr`` per value of ``var``; how the loops read it. A variable
+        narrowed to a piece of its loop (``var.start``, cpp_pieces.py) has an array of that piece."""
+        at = f"{var.name} - {var.start}" if var.start else var.name
         self.decls.setdefault(var, []).append(f"{ctype} {name}_c[{self.sizes[var]}];")
-        self.lines.setdefault(var, []).append(f"{name}_c[{var.name}] = {expr};")
-        return f"{name}_c[{var.name}]"
+        self.lines.setdefault(var, []).append(f"{name}_c[{at}] = {expr};")
+        return f"{name}_c[{at}]"
 
     def block(self) -> list:
         """The arrays and the loops that fill them (nothing when no value was computed here)."""
         out = []
         for var, lines in self.lines.items():
-            out += self.decls[var] + [f"for (int64_t {var.name} = 0; {var.name} < {self.sizes[var]}; ++{var.name})", "{"]
+            end = var.start + self.sizes[var]
+            out += self.decls[var] + [f"for (int64_t {var.name} = {var.start}; {var.name} < {end}; ++{var.name})", "{"]
             out += ["    " + ln for ln in lines] + ["}"]
         return out
 

@@ -23,7 +23,8 @@ from minicompile.codegen.common import KernelRenderer
 from minicompile.codegen.cpp_channels import channel_sizes
 from minicompile.codegen.cpp_columns import column_var
 from minicompile.codegen.cpp_ops import literal
-from minicompile.ir.expr import atoms_of
+from minicompile.codegen.cpp_pieces import piece_edges
+from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 
@@ -58,6 +59,8 @@ class KernelPlan:
     column: object = None      # the column form's variable (cpp_columns.py), or None
     calls: dict = field(default_factory=dict)   # node name -> [Planned], in call order
     symbols: set = field(default_factory=set)   # the size symbols it names (FusedKernel.named_symbols)
+    cut: object = None         # the loop variable cut at a concatenation's pieces (cpp_pieces.py), or None
+    pieces: list = field(default_factory=list)  # per range of ``cut``: (the variable over it, its calls)
 
     @property
     def inline_trig(self) -> bool:
@@ -65,6 +68,8 @@ class KernelPlan:
 
     def __str__(self) -> str:
         form = self.form + (", inline sin/cos with a row redo" if self.inline_trig else "")
+        if self.cut is not None:
+            form += f", {self.cut.name} cut in {len(self.pieces)} pieces at {', '.join(str(v.start) for v, _ in self.pieces[1:])}"
         lines = [f"plan: {form}"]
         for name, ps in self.calls.items():
             shown = [str(p).rstrip() for p in ps if p.level in ("kernel", "channel", "row") or p.form]
@@ -76,8 +81,9 @@ class LevelOps:
     """Runs bodies over levels, one per stage as CppOps. ``known``: values kept in registers; in
     a loop stage, ``loop_vars`` its variables and ``invariant`` the values known before it."""
 
-    def __init__(self, plan: KernelPlan, ck, known: dict, loop_vars=None, invariant=()):
+    def __init__(self, plan: KernelPlan, ck, known: dict, loop_vars=None, invariant=(), indices=None):
         self.plan, self.ck, self.known, self.loop_vars = plan, ck, known, loop_vars
+        self.indices = indices if indices is not None else []   # every index loaded at
         self.invariant = {v.key for v in invariant}
         self.constants, self.literals, self.exact = set(), set(), {}
         self.steps: list = []
@@ -109,6 +115,7 @@ class LevelOps:
             self.steps.append(Planned(f"load {name}", "known"))
             return self.known[name]
         what, ct = f"load {name}", compute_dtype(dtype)
+        self.indices.append(index)
         if name in self.ck.k.scratch:
             return self._new(ct, "element", what=what)
         ptr = self.ck.pointer(name)
@@ -181,24 +188,55 @@ def plan_kernel(ck) -> KernelPlan:
         plan.form = "empty"
         return plan
     plan.symbols = k.named_symbols()
-    known: dict = {}
-    for i, stage in enumerate(k.stages):
-        if column is not None and i == 0:
-            _loop(plan, ck, stage, known, {}, {column}, invariant=())
-        elif stage.kind == "scalar":
-            ops = LevelOps(plan, ck, known)
-            for n in stage.nodes:
-                _keep(ck, n, _evaluate(plan, ck, ops, n), known)
-        else:
-            _loop(plan, ck, stage, known, dict(known), set(k.inner_vars), invariant=known.values())
+    indices = _walk(plan, ck, plan.calls)
+    cut = _piece_cut(plan, ck, indices)
+    if cut is not None:
+        plan.cut, ranges = cut
+        for lo, hi in ranges:   # each range planned on its own: the concatenation reads one piece there
+            piece = Var(plan.cut.name, hi, lo)
+            if plan.cut in plan.channels:
+                plan.channels[piece] = hi - lo
+            ck.narrow = {plan.cut: Expr.of(piece)}
+            plan.pieces.append((piece, {}))
+            _walk(plan, ck, plan.pieces[-1][1])
+        ck.narrow = {}
     return plan
 
 
-def _loop(plan, ck, stage, known: dict, loop_known: dict, loop_vars: set, invariant) -> None:
+def _walk(plan: KernelPlan, ck, calls: dict) -> list:
+    """The stages, over levels, into ``calls``; every index loaded at."""
+    column, known, indices = plan.column, {}, []
+    for i, stage in enumerate(ck.k.stages):
+        if column is not None and i == 0:
+            _loop(plan, ck, calls, stage, known, {}, {column}, (), indices)
+        elif stage.kind == "scalar":
+            ops = LevelOps(plan, ck, known, indices=indices)
+            for n in stage.nodes:
+                _keep(ck, n, _evaluate(calls, ck, ops, n), known)
+        else:
+            _loop(plan, ck, calls, stage, known, dict(known), set(ck.k.inner_vars), known.values(), indices)
+    return indices
+
+
+def _piece_cut(plan: KernelPlan, ck, indices: list):
+    """(variable, ranges) of the loop a pointwise map cuts where a concatenation it reads changes
+    piece (cpp_pieces.py): the innermost with such edges, else an outer one; None for none, a flat
+    loop, a reduction, rows kept in arrays, inline sin/cos."""
+    k = ck.k
+    if plan.form != "loops" or k.is_reduction or k.scratch or plan.inline_trig or len(k.outer_ranges) < 2:
+        return None
+    for var, size in reversed(list(zip(k.outer_vars, k.outer_ranges))):
+        edges = piece_edges(indices, var, size) if isinstance(size, int) else []
+        if edges:
+            return var, list(zip([0, *edges], [*edges, size]))
+    return None
+
+
+def _loop(plan, ck, calls: dict, stage, known: dict, loop_known: dict, loop_vars: set, invariant, indices) -> None:
     """A loop stage: its values; each local reduction's result is a value per outer point after it."""
-    ops = LevelOps(plan, ck, loop_known, loop_vars, invariant)
+    ops = LevelOps(plan, ck, loop_known, loop_vars, invariant, indices)
     for n in stage.nodes:
-        value = _evaluate(plan, ck, ops, n)
+        value = _evaluate(calls, ck, ops, n)
         if not isinstance(n.data, Reduction):
             _keep(ck, n, value, loop_known)
         elif n.name in ck.k.local:
@@ -210,6 +248,6 @@ def _keep(ck, n, value, known: dict) -> None:
         known[n.name] = value
 
 
-def _evaluate(plan, ck, ops: LevelOps, n):
-    ops.steps = plan.calls.setdefault(n.name, [])
+def _evaluate(calls: dict, ck, ops: LevelOps, n):
+    ops.steps = calls.setdefault(n.name, [])
     return KernelRenderer.evaluate(ck, ops, n)   # (CppKernel.evaluate spells the plan)

@@ -39,12 +39,13 @@ class Atom:
 @dataclass(frozen=True, order=True)
 class Var(Atom):
     name: str
-    size: Union[int, "Expr"]  # the variable runs over 0 .. size-1 (an Expr when symbolic)
+    size: Union[int, "Expr"]  # the variable runs over start .. size-1 (an Expr when symbolic)
+    start: int = 0            # > 0: a loop cut into ranges (a concatenation's pieces, codegen/cpp_plan.py)
 
     def range(self):
         if isinstance(self.size, Expr):
-            return (0, self.size.range()[1] - 1)
-        return (0, max(self.size - 1, 0))
+            return (self.start, self.size.range()[1] - 1)
+        return (self.start, max(self.size - 1, self.start))
 
     def render(self, r: "Renderer") -> str:
         return self.name
@@ -346,6 +347,8 @@ class Expr:
         rlo, rhi = self.range()
         if rlo >= lo and (rhi <= hi if isinstance(hi, int) else _below(self, hi + 1)):
             return self
+        if isinstance(hi, int) and lo <= hi and (rhi <= lo or rlo >= hi):   # always clamped: one end
+            return Expr.of(lo if rhi <= lo else hi)
         return Expr.of(Clamp(self, lo, hi))
 
     # -- queries ------------------------------------------------------------------------

@@ -142,8 +142,9 @@ def cat(lw, node, tensors, dim=0):
 
     def body(ops, idx):
         pos = Expr.of(idx[dim])
+        lo, hi = pos.range()   # a loop cut at the pieces' edges reads one piece (codegen/cpp_plan.py)
         out = None
-        for start, length, load, dt in reversed(pieces):
+        for start, length, load, dt in reversed([p for p in pieces if _may_read(p[0], p[1], lo, hi)] or pieces):
             local = (pos - start).clamp(0, length - 1)
             v = load(ops, idx[:dim] + [local] + idx[dim + 1:])
             if dt != dtype:
@@ -156,6 +157,11 @@ def cat(lw, node, tensors, dim=0):
                 out = ops.pointwise("where", below, v, out, dtype=cdt)
         return out
     return Lazy(dtype, meta.device, size, body, [node.name])
+
+
+def _may_read(start, length, lo: int, hi: int) -> bool:
+    """A piece at ``start`` of ``length`` overlaps positions lo .. hi (a symbolic one may)."""
+    return not (isinstance(start, int) and isinstance(length, int)) or (start <= hi and start + length > lo)
 
 
 @register_lowering(aten.repeat.default)

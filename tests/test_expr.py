@@ -37,3 +37,20 @@ def test_division_and_modulo_match_python_on_random_linear_indices():
             x = value(e, env)
             assert value(q, env) == x // d, (e, d, q, env)
             assert value(r, env) == x % d, (e, d, r, env)
+
+
+def test_a_clamp_over_a_narrowed_variable_is_the_identity_inside_and_one_end_outside():
+    """A loop variable narrowed to part of its range (a loop cut at a concatenation's pieces,
+    codegen/cpp_pieces.py) makes the clamp of the piece it covers the identity and the clamps of
+    the pieces it misses the end they always take; each agrees with min(max(.)) at every value."""
+    x = Var("x", 16)
+    for lo, hi in [(0, 8), (8, 12), (12, 16)]:
+        piece = Expr.of(Var("x", hi, lo))
+        for start, length in [(0, 8), (8, 4), (12, 4)]:
+            clamped = (Expr.of(x) - start).clamp(0, length - 1).substitute({x: piece})
+            inside = start <= lo and hi <= start + length
+            outside = hi <= start or lo >= start + length
+            assert clamped.is_const == outside and (clamped == piece - start) == inside, (lo, hi, start, clamped)
+            for v in range(lo, hi):
+                got = eval(PythonRenderer().render(clamped), {"x": v, "min": min, "max": max})
+                assert got == min(max(v - start, 0), length - 1)

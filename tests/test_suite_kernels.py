@@ -144,3 +144,14 @@ def test_dense_block_chain_matches_eager_in_both_layouts():
         src = compiled.kernel_source   # the last concatenation's last piece (channels 14..17): its loop
         cut = [ln for ln in src.splitlines() if "; x" in ln and "= 14; " in ln and "< 18;" in ln]
         assert cut and "mc_where(" not in src and "std::max<int64_t>(" not in src, src
+
+
+def test_a_slice_of_a_concatenation_reads_only_the_pieces_it_overlaps():
+    """``cat([a, b, c])[:, 8:12]`` is ``b``: the concatenation sees its position's range (8..11)
+    and loads ``b`` alone, with no select and no clamp (it loaded all three and picked one)."""
+    def fn(a, b, c):
+        return torch.cat([a, b, c], 1)[:, 8:12] * 2
+    a, b, c = (torch.randn(3, n) for n in (8, 4, 4))
+    src = check(fn, a, b, c).kernel_source
+    assert "mc_where(" not in src and "std::max<int64_t>(" not in src, src
+    assert [src.count(f"arg{k}[") for k in range(3)] == [0, 1, 0], src

@@ -237,8 +237,8 @@ class Expr:
         q = Expr._make(exact, self.const // d)
         r = Expr._make(rest, self.const % d)
         lo, hi = r.range()
-        if lo >= 0 and hi < d:
-            return q
+        if lo // d == hi // d:   # one quotient over r's whole range (0 when 0 <= r < d)
+            return q + lo // d
         if r.is_const:
             return q + r.const // d
         if len(r.terms) == 1 and r.const == 0 and isinstance(r.terms[0][0], FloorDiv) and r.terms[0][1] == 1:
@@ -259,8 +259,8 @@ class Expr:
         rest = {a: c for a, c in self.terms if c % d != 0}
         r = Expr._make(rest, self.const % d)
         lo, hi = r.range()
-        if lo >= 0 and hi < d:
-            return r
+        if lo // d == hi // d:   # one quotient over r's whole range: r itself when 0 <= r < d
+            return r - (lo // d) * d
         if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod):
             inner = r.terms[0][0]
             if inner.divisor % d == 0:

@@ -35,7 +35,8 @@ def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
     layout: the concatenated dimension is the innermost loop, and each element loaded every piece
     at a clamped index (a gather per piece) and picked one, ten times slower than Inductor's
     kernel. The loop is now cut at the pieces' edges, each range planned and written on its own
-    and loading its own piece only, at an index without a clamp."""
+    and loading its own piece only, at an index without a clamp; the pieces of one width laid out
+    alike are one loop over a table of their pointers."""
     def fn(a, b, c, w, s):
         x = torch.cat([a, b, c], 1)
         return F.relu(x * w.view(1, -1, 1, 1) + s.view(1, -1, 1, 1))
@@ -43,11 +44,11 @@ def test_concatenation_read_along_the_innermost_loop_runs_one_loop_per_piece():
     pieces = [torch.randn(2, n, 5, 5).to(memory_format=cl) for n in (8, 4, 4)]
     compiled = check(fn, *pieces, torch.randn(16), torch.randn(16))
     src = compiled.kernel_source
-    loops = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("for (int64_t x2")]
-    assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t x2 = 8; x2 < 12; ++x2)",
-                     "for (int64_t x2 = 12; x2 < 16; ++x2)"], loops
+    loops = [ln.strip() for ln in src.splitlines() if ln.strip().startswith(("for (int64_t x2", "for (int64_t piece"))]
+    assert loops == ["for (int64_t x2 = 0; x2 < 8; ++x2)", "for (int64_t piece = 0; piece < 2; ++piece)",
+                     "for (int64_t piece_c = 0; piece_c < 4; ++piece_c)"], loops
     assert "mc_where(" not in src and "std::max<int64_t>(" not in src and all(src.count(f"arg{k}") == 2 for k in range(3)), src
-    assert "x2 cut in 3 pieces at 8, 12" in str(compiled.schedule), compiled.schedule
+    assert "x2 cut in 3 pieces at 8, 12 (pieces 1-2 over a pointer table)" in str(compiled.schedule), compiled.schedule
 
 
 @pytest.mark.parametrize("fmt", [torch.channels_last, torch.contiguous_format], ids=["channels last", "nchw"])
@@ -55,7 +56,8 @@ def test_many_pieces_are_cut_each_loading_its_own(fmt):
     """25 pieces (DenseNet-121's third block ends with 25): each range loads its own piece only,
     with no select and no clamp: the concatenation, planned over a range, reads the one piece
     there (not left to g++ to fold: DenseNet's layer k wrote k loops of k loads and selects each,
-    23,443 lines, half of its cold compile in g++), and a concatenation of more than 16 pieces
+    23,443 lines, half of its cold compile in g++); along the innermost loop the 24 pieces of one
+    width are one loop over a table of their pointers. A concatenation of more than 16 pieces
     was not cut at all: every element loaded every piece."""
     def fn(*args):
         x = torch.cat(args[:-2], 1)
@@ -64,15 +66,17 @@ def test_many_pieces_are_cut_each_loading_its_own(fmt):
     pieces = [torch.randn(2, n, 3, 3).to(memory_format=fmt) for n in widths]
     src = check(fn, *pieces, torch.randn(sum(widths)), torch.randn(sum(widths))).kernel_source
     assert "mc_where(" not in src and " < INT64_C(" not in src and "std::max<int64_t>(" not in src, src
-    channel = "x2" if fmt == torch.channels_last else "x1"
-    starts = [ln.split("=")[1].split(";")[0].strip() for ln in src.splitlines() if f"for (int64_t {channel} = " in ln]
-    assert starts == [str(8 + 4 * k) if k >= 0 else "0" for k in range(-1, 24)], src
+    if fmt == torch.channels_last:
+        assert "const float* const pieces_x2_8[24] = {" in src and src.count("piece_in[") == 1, src
+    else:
+        starts = [ln.split("=")[1].split(";")[0].strip() for ln in src.splitlines() if "for (int64_t x1 = " in ln]
+        assert starts == [str(8 + 4 * k) if k >= 0 else "0" for k in range(-1, 24)], src
 
 
 def _random_concatenation(seed: int):
-    """A seeded concatenation read: 1-70 pieces of equal or mixed widths (a piece table, or a loop
-    each), NCHW or channels-last (some pieces transposed views), float32 or bfloat16 (some pieces
-    float32: pieces of another type share no table), read by one of three pointwise bodies."""
+    """A seeded concatenation read: 1-70 pieces of equal or mixed widths, NCHW or channels-last
+    (some pieces transposed views), float32 or bfloat16 (some pieces float32), read by one of five
+    pointwise bodies (two read a slice of it, strided or flipped, or through a reshape)."""
     import random
     rng = random.Random(seed)
     k = rng.choice([1, 2, 3, 5, 12, 17, 25, 33, 70])
@@ -84,8 +88,13 @@ def _random_concatenation(seed: int):
         t = torch.randn(2, c, h, w, dtype=torch.float32 if mixed and j % 3 == 0 else dtype)
         t = t.contiguous(memory_format=torch.channels_last) if rng.random() < 0.6 else t
         pieces.append(torch.randn(2, c, w, h, dtype=t.dtype).transpose(2, 3) if rng.random() < 0.1 else t)
+    total = sum(widths)
+    lo = rng.randrange(total)
+    hi, step = rng.randrange(lo + 1, total + 1), rng.choice([1, 1, 2, 3])
     body = rng.choice([lambda x, s: F.relu(x * s.view(1, -1, 1, 1) + 1), lambda x, s: torch.sigmoid(x) * x[:, :1],
-                       lambda x, s: x + x.flip(1)])
+                       lambda x, s: x + x.flip(1),
+                       lambda x, s: torch.sin(x[:, lo:hi:step]) * s[lo:hi:step].view(1, -1, 1, 1),   # a slice: fewer pieces
+                       lambda x, s: x.flip(1)[:, lo:hi].exp() + x.permute(0, 2, 3, 1).reshape(2, -1, total)[:, :1, lo:hi].unsqueeze(-1).transpose(1, 2)])
     return (lambda *args: body(torch.cat(args[:-1], 1), args[-1])), [*pieces, torch.randn(sum(widths))], dtype
 
 
@@ -141,9 +150,10 @@ def test_dense_block_chain_matches_eager_in_both_layouts():
     for fmt in (torch.contiguous_format, torch.channels_last):
         with torch.no_grad():
             compiled = check(block, torch.randn(2, 6, 7, 7).to(memory_format=fmt), atol=1e-4, rtol=1e-4)
-        src = compiled.kernel_source   # the last concatenation's last piece (channels 14..17): its loop
+        src = compiled.kernel_source   # the last concatenation's last piece (channels 14..17): its loop, or in a table
         cut = [ln for ln in src.splitlines() if "; x" in ln and "= 14; " in ln and "< 18;" in ln]
-        assert cut and "mc_where(" not in src and "std::max<int64_t>(" not in src, src
+        assert "mc_where(" not in src and "std::max<int64_t>(" not in src, src
+        assert cut if fmt == torch.contiguous_format else "pieces_x2_6[3] = {" in src, src
 
 
 def test_a_slice_of_a_concatenation_reads_only_the_pieces_it_overlaps():

@@ -22,6 +22,7 @@ from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
 from minicompile.codegen.same_code import code_key, cpp_forwarder
+from minicompile.codegen.cpp_pieces import table_loop
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
@@ -67,6 +68,7 @@ class CppOps:
     # inline sin/cos: index in ``lines`` -> the statement with the library's, for the row's redo
     redo: dict = field(default_factory=dict)
     planned: Iterator = iter(())
+    piece: tuple | None = None        # in a loop over a pointer table: (the piece's buffer, its index's substitution)
 
     def _tmp(self, ctype_dtype: torch.dtype, expr: str, step=None) -> CV:
         key = (expr, ctype_dtype)
@@ -92,7 +94,10 @@ class CppOps:
             return value
         if name in self.scratch:
             return self._tmp(compute_dtype(dtype), self.scratch[name])
-        raw = f"{self.storage.get(name, name)}[{_R.render(index)}]"
+        if self.piece is not None and name == self.piece[0]:   # read through the table (cpp_pieces.py)
+            raw = f"piece_in[{_R.render(index.substitute(self.piece[1]))}]"
+        else:
+            raw = f"{self.storage.get(name, name)}[{_R.render(index)}]"
         if dtype == torch.bfloat16:
             raw = f"mc_bf16_to_f32({raw})"
         elif dtype == torch.float16:
@@ -179,11 +184,12 @@ class CppKernel(KernelRenderer):
         # the plan the scheduler asked for (CppBackend.caps.plan), or made here
         self.plan: KernelPlan = k.values if isinstance(k.values, KernelPlan) else plan_kernel(self)
         self.calls = self.plan.calls   # the plan's calls of the body being spelled (a piece's: _cut_loops)
+        self.piece = None              # see CppOps.piece
         self.hoisted: list | None = [] if self.plan.hoist else None   # kernel-level statements
         self.channel = ChannelValues(self.plan.channels) if self.plan.channels else None
         self.trig_args = [] if self.plan.trig else None   # the inline sin/cos's arguments (CppOps)
         self.redo: dict = {}   # see CppOps.redo
-        self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by _point_body
+        self.scratch = {}  # buffer name -> "row array[flat inner index]", filled by point_body
         # Set by CppBackend for a member of a horizontal group (render_group): a static
         # function whose loop shares the group's parallel region (``omp for ... nowait``).
         self.in_group = False
@@ -193,7 +199,7 @@ class CppKernel(KernelRenderer):
         """The ops handler of a stage: ``lines`` its statements, ``before_loop`` (in a loop stage)
         those once per outer point before it; ``known`` the values kept in registers."""
         return CppOps(self.storage, known, lines, self.counter, scratch=self.scratch,
-                      hoisted=self.hoisted, before_loop=before_loop, **kwargs)
+                      hoisted=self.hoisted, before_loop=before_loop, piece=self.piece, **kwargs)
 
     def evaluate(self, ops, node):
         """``node``'s value, spelled as planned."""
@@ -231,7 +237,7 @@ class CppKernel(KernelRenderer):
             return render_columns(self, self.plan.column)
         dims = list(zip(k.outer_vars, k.outer_ranges))
         if not dims:
-            body = self._point_body()
+            body = self.point_body()
             return self._hoisted() + body
         # symbolic sizes: threads or not is decided at run time, from the actual amount of work
         parallel = (self.work >= config.parallel_threshold if self.static else True) and not self.inner_parallel
@@ -251,9 +257,10 @@ class CppKernel(KernelRenderer):
             hdr.append(f"for (int64_t {v.name} = 0; {v.name} < {_size(size)}; ++{v.name})")
             headers.append(hdr)
         if self.plan.cut is not None:   # a concatenation read: one loop per piece
-            loops = self._cut_loops(headers, [v for v, _ in dims].index(self.plan.cut))
-            return self._hoisted() + loops
-        body = self._point_body()
+            tables: list = []
+            loops = self._cut_loops(headers, [v for v, _ in dims].index(self.plan.cut), tables)
+            return self._hoisted() + tables + loops
+        body = self.point_body()
         if self.plan.inline_trig:
             return self._hoisted() + self._rows_with_trig_check(headers, dims, body, parallel)
         return self._hoisted() + nest(headers, body)
@@ -262,18 +269,25 @@ class CppKernel(KernelRenderer):
         """The statements before the loops, once every body is spelled: kernel-level values, channel arrays."""
         return (self.hoisted or []) + (self.channel.block() if self.channel else [])
 
-    def _cut_loops(self, headers: list, d: int) -> list:
+    def _cut_loops(self, headers: list, d: int, tables: list) -> list:
         """The nest with loop ``d`` cut at the plan's ranges, each range's body spelled from its own
         plan with the loop variable narrowed to it (cpp_pieces.py): the innermost loop is one loop
-        per range; an outer one, a copy of the nest per range."""
-        var, out = self.plan.cut, []
-        for piece, calls in self.plan.pieces:
+        per range, or per run of pieces over a table of their pointers (into ``tables``); an outer
+        one, a copy of the nest per range."""
+        var, out, k, inner = self.plan.cut, [], 0, d == len(headers) - 1
+        runs = {first: (end, buffers) for first, end, buffers in self.plan.runs}
+        while k < len(self.plan.pieces):
+            piece, calls = self.plan.pieces[k]
             self.narrow, self.calls = {var: Expr.of(piece)}, calls
+            if k in runs:
+                out += table_loop(self, headers[d][:-1], k, *runs[k], tables)
+                k = runs[k][0]
+                continue
             loop = headers[d][:-1] + [f"for (int64_t {var.name} = {piece.start}; {var.name} < {piece.size}; ++{var.name})"]
-            inner = d == len(headers) - 1
-            out += nest([loop] if inner else headers[:d] + [loop] + headers[d + 1:], self._point_body())
+            out += nest([loop] if inner else headers[:d] + [loop] + headers[d + 1:], self.point_body())
+            k += 1
         self.narrow, self.calls = {}, self.plan.calls
-        return nest(headers[:d], out) if d == len(headers) - 1 else out
+        return nest(headers[:d], out) if inner else out
 
     def _threads_pragma(self, clauses: str) -> str:
         """The outer loop's pragma: its own parallel region, or (in a group) a share of the
@@ -306,7 +320,7 @@ class CppKernel(KernelRenderer):
         row.append("}")
         return nest(headers, row)
 
-    def _point_body(self) -> list:
+    def point_body(self) -> list:
         """Statements for one outer point: the scratch rows, then the stages in order."""
         k = self.k
         lines = []

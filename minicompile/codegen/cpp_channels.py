@@ -30,27 +30,55 @@ class ChannelValues:
     ``weight / sqrt(var + eps)`` and shift. In the loop they were computed per element (a vector
     sqrt and two divisions per 8 floats: EfficientNet's BatchNorm+SiLU kernels spent more time
     there than in memory traffic); here one loop over that variable's range fills an array per
-    value before the kernel's loops, and the loop body loads ``tmp3_c[x2]``."""
-    sizes: dict                 # loop variable (an ir.expr Var) -> its range, for each that may have arrays
-    decls: dict = field(default_factory=dict)   # variable -> array declarations
-    lines: dict = field(default_factory=dict)   # variable -> the statements of its filling loop
+    value before the kernel's loops, and the loop body loads ``tmp3_c[x2]``.
+
+    A loop cut at a concatenation's pieces (cpp_pieces.py) spells each piece with its variable
+    narrowed to the piece: a value is filled over the pieces that compute it, and pieces that
+    compute the same expression (BatchNorm's scale over the concatenated channels) share one
+    array, filled in one loop over their ranges."""
+    sizes: dict                 # loop variable (an ir.expr Var) -> its whole loop's range, for each that may have arrays
+    values: dict = field(default_factory=dict)   # (variable name, expression) -> [name, C++ type, size, ranges]
 
     def add(self, var, name: str, ctype: str, expr: str) -> str:
-        """A new value ``name`` = ``expr`` per value of ``var``; how the loops read it. A variable
-        narrowed to a piece of its loop (``var.start``, cpp_pieces.py) has an array of that piece."""
-        at = f"{var.name} - {var.start}" if var.start else var.name
-        self.decls.setdefault(var, []).append(f"{ctype} {name}_c[{self.sizes[var]}];")
-        self.lines.setdefault(var, []).append(f"{name}_c[{at}] = {expr};")
-        return f"{name}_c[{at}]"
+        """A value ``name`` = ``expr`` per value of ``var`` (the same array as an earlier value of that
+        expression); how the loops read it."""
+        value = self.values.setdefault((var.name, expr), [name, ctype, self.sizes[var], []])
+        if (var.start, var.size) not in value[3]:
+            value[3].append((var.start, var.size))
+        return f"{value[0]}_c[{var.name}]"
+
+    def widen(self, var_name: str, piece: tuple, others: list) -> None:
+        """Every value of ``var_name`` filled over range ``piece`` is filled over ``others`` too (a
+        loop over a table of pieces computes each with the first piece's body)."""
+        for (name, _), value in self.values.items():
+            if name == var_name and piece in value[3]:
+                value[3] += [r for r in others if r not in value[3]]
 
     def block(self) -> list:
-        """The arrays and the loops that fill them (nothing when no value was computed here)."""
+        """The arrays and the loops that fill them (nothing when no value was computed here): the
+        values of one variable filled over the same ranges share a loop, in the order first added."""
+        groups: dict = {}
+        for (var, expr), (name, ctype, size, ranges) in self.values.items():
+            decls, lines = groups.setdefault((var, _spans(ranges)), ([], []))
+            decls.append(f"{ctype} {name}_c[{size}];")
+            lines.append(f"    {name}_c[{var}] = {expr};")
         out = []
-        for var, lines in self.lines.items():
-            end = var.start + self.sizes[var]
-            out += self.decls[var] + [f"for (int64_t {var.name} = {var.start}; {var.name} < {end}; ++{var.name})", "{"]
-            out += ["    " + ln for ln in lines] + ["}"]
+        for (var, spans), (decls, lines) in groups.items():
+            out += decls
+            for lo, hi in spans:
+                out += [f"for (int64_t {var} = {lo}; {var} < {hi}; ++{var})", "{", *lines, "}"]
         return out
+
+
+def _spans(ranges: list) -> tuple:
+    """Half-open ranges merged where they touch or overlap, in order."""
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
 
 
 def channel_sizes(kernel) -> dict:

@@ -23,7 +23,7 @@ from minicompile.codegen.common import KernelRenderer
 from minicompile.codegen.cpp_channels import channel_sizes
 from minicompile.codegen.cpp_columns import column_var
 from minicompile.codegen.cpp_ops import literal
-from minicompile.codegen.cpp_pieces import piece_edges
+from minicompile.codegen.cpp_pieces import piece_edges, piece_runs
 from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
@@ -61,6 +61,7 @@ class KernelPlan:
     symbols: set = field(default_factory=set)   # the size symbols it names (FusedKernel.named_symbols)
     cut: object = None         # the loop variable cut at a concatenation's pieces (cpp_pieces.py), or None
     pieces: list = field(default_factory=list)  # per range of ``cut``: (the variable over it, its calls)
+    runs: list = field(default_factory=list)    # (first piece, last + 1, buffer per piece): one loop over a pointer table
 
     @property
     def inline_trig(self) -> bool:
@@ -70,6 +71,7 @@ class KernelPlan:
         form = self.form + (", inline sin/cos with a row redo" if self.inline_trig else "")
         if self.cut is not None:
             form += f", {self.cut.name} cut in {len(self.pieces)} pieces at {', '.join(str(v.start) for v, _ in self.pieces[1:])}"
+            form += "".join(f" (pieces {a}-{b - 1} over a pointer table)" for a, b, _ in self.runs)
         lines = [f"plan: {form}"]
         for name, ps in self.calls.items():
             shown = [str(p).rstrip() for p in ps if p.level in ("kernel", "channel", "row") or p.form]
@@ -81,9 +83,9 @@ class LevelOps:
     """Runs bodies over levels, one per stage as CppOps. ``known``: values kept in registers; in
     a loop stage, ``loop_vars`` its variables and ``invariant`` the values known before it."""
 
-    def __init__(self, plan: KernelPlan, ck, known: dict, loop_vars=None, invariant=(), indices=None):
+    def __init__(self, plan: KernelPlan, ck, known: dict, loop_vars=None, invariant=(), loads=None):
         self.plan, self.ck, self.known, self.loop_vars = plan, ck, known, loop_vars
-        self.indices = indices if indices is not None else []   # every index loaded at
+        self.loads = loads if loads is not None else []   # (buffer, index, level) of every load in memory
         self.invariant = {v.key for v in invariant}
         self.constants, self.literals, self.exact = set(), set(), {}
         self.steps: list = []
@@ -115,8 +117,8 @@ class LevelOps:
             self.steps.append(Planned(f"load {name}", "known"))
             return self.known[name]
         what, ct = f"load {name}", compute_dtype(dtype)
-        self.indices.append(index)
         if name in self.ck.k.scratch:
+            self.loads.append((name, index, "element"))
             return self._new(ct, "element", what=what)
         ptr = self.ck.pointer(name)
         read_only, atoms = ptr in self.ck.read_only, atoms_of(index)
@@ -129,6 +131,7 @@ class LevelOps:
             value = self._new(ct, "row", what=what)
         else:
             value = self._new(ct, "element", what=what)
+        self.loads.append((name, index, value.level))
         return self._exact(value, dtype)
 
     def _exact(self, value: Planned, dtype) -> Planned:
@@ -143,6 +146,7 @@ class LevelOps:
         return v
 
     def index_expr(self, expr, dtype):
+        self.loads.append((None, expr, "element"))   # compared as a load is (cpp_pieces.piece_runs)
         return self._new(dtype, "element", what="index")
 
     def to_dtype(self, x, dtype):
@@ -188,34 +192,37 @@ def plan_kernel(ck) -> KernelPlan:
         plan.form = "empty"
         return plan
     plan.symbols = k.named_symbols()
-    indices = _walk(plan, ck, plan.calls)
-    cut = _piece_cut(plan, ck, indices)
+    cut = _piece_cut(plan, ck, [index for _, index, _ in _walk(plan, ck, plan.calls)])
     if cut is not None:
         plan.cut, ranges = cut
+        loads = []
         for lo, hi in ranges:   # each range planned on its own: the concatenation reads one piece there
             piece = Var(plan.cut.name, hi, lo)
             if plan.cut in plan.channels:
-                plan.channels[piece] = hi - lo
+                plan.channels[piece] = plan.channels[plan.cut]
             ck.narrow = {plan.cut: Expr.of(piece)}
             plan.pieces.append((piece, {}))
-            _walk(plan, ck, plan.pieces[-1][1])
+            loads.append(_walk(plan, ck, plan.pieces[-1][1]))
         ck.narrow = {}
+        if plan.cut == ck.k.outer_vars[-1]:
+            plan.runs = piece_runs(plan, ck, loads)
     return plan
 
 
 def _walk(plan: KernelPlan, ck, calls: dict) -> list:
-    """The stages, over levels, into ``calls``; every index loaded at."""
-    column, known, indices = plan.column, {}, []
+    """The stages, over levels, into ``calls``; (buffer, index, level) of every load in memory, and
+    (None, expression, "element") of every index value."""
+    column, known, loads = plan.column, {}, []
     for i, stage in enumerate(ck.k.stages):
         if column is not None and i == 0:
-            _loop(plan, ck, calls, stage, known, {}, {column}, (), indices)
+            _loop(plan, ck, calls, stage, known, {}, {column}, (), loads)
         elif stage.kind == "scalar":
-            ops = LevelOps(plan, ck, known, indices=indices)
+            ops = LevelOps(plan, ck, known, loads=loads)
             for n in stage.nodes:
                 _keep(ck, n, _evaluate(calls, ck, ops, n), known)
         else:
-            _loop(plan, ck, calls, stage, known, dict(known), set(ck.k.inner_vars), known.values(), indices)
-    return indices
+            _loop(plan, ck, calls, stage, known, dict(known), set(ck.k.inner_vars), known.values(), loads)
+    return loads
 
 
 def _piece_cut(plan: KernelPlan, ck, indices: list):
@@ -232,9 +239,9 @@ def _piece_cut(plan: KernelPlan, ck, indices: list):
     return None
 
 
-def _loop(plan, ck, calls: dict, stage, known: dict, loop_known: dict, loop_vars: set, invariant, indices) -> None:
+def _loop(plan, ck, calls: dict, stage, known: dict, loop_known: dict, loop_vars: set, invariant, loads) -> None:
     """A loop stage: its values; each local reduction's result is a value per outer point after it."""
-    ops = LevelOps(plan, ck, loop_known, loop_vars, invariant, indices)
+    ops = LevelOps(plan, ck, loop_known, loop_vars, invariant, loads)
     for n in stage.nodes:
         value = _evaluate(calls, ck, ops, n)
         if not isinstance(n.data, Reduction):

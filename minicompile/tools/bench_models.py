@@ -163,7 +163,8 @@ def format_table(results: list, info: dict) -> str:
                  _fmt(_geomean([_ratio(r, "minicompile", "inductor") for r in ok])), "", ""])
     lines = [f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads); "
              f"inference ({info.get('dtype', 'float32')}{', autocast ' + info['autocast'] if info.get('autocast') else ''}"
-             f"{', mode ' + info['mode'] if info.get('mode') else ''}), no_grad, eval; medians of {info['reps']} interleaved calls; compile = each compiler's "
+             f"{', mode ' + info['mode'] if info.get('mode') else ''}), no_grad, eval; "
+             f"medians of {info['reps']} interleaved calls; compile = each compiler's "
              "first call alone in a fresh process, every cache empty",
              "", _render(rows)]
     errors = [f"{r['model']} {col}: {r[col]['error']}" for r in ok for col in COLUMNS[1:]
@@ -196,14 +197,14 @@ def available(name: str) -> bool:
 def run_models(names: list | None, size: str = "full", inductor: bool = True, profile: bool = False,
                json_path: str | None = None, stream=sys.stdout, threads: int | None = None,
                batch: int | None = None, cold: bool = True, dtype: str | None = None,
-               autocast: str | None = None, mode: str | None = None) -> int:
+               autocast: str | None = None, mode: str | None = None, reps: int | None = None) -> int:
     names = names or [n for n in MODELS if available(n)]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         print(f"minicompile bench: unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}",
               file=sys.stderr)
         return 2
-    reps = REPS[size]
+    reps = reps or REPS[size]
     results = []
     for n in names:
         print(f"@progress {n}", file=sys.stderr, flush=True)
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-cold-compile", action="store_true", help="no cold-compile processes")
     p.add_argument("--dtype", choices=["bf16", "fp16"], help="the models and their inputs in this dtype")
     p.add_argument("--autocast", choices=["bf16", "fp16"], help="each forward under CPU autocast")
-    p.add_argument("--mode", choices=[m for m in MODES if m], help="torch.compile's mode for both compilers (default: none)")
+    p.add_argument("--mode", choices=[m for m in MODES if m], help="torch.compile's mode, both compilers (default: none)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -244,7 +245,7 @@ def main(argv=None) -> int:
     names = [n.strip() for n in args.models.split(",")] if args.models else None
     return run_models(names, args.size, not args.no_inductor, args.profile, args.json, threads=args.threads,
                       batch=args.batch, cold=not args.no_cold_compile, dtype=args.dtype, autocast=args.autocast,
-                      mode=args.mode)
+                      mode=args.mode, reps=args.reps)
 
 
 if __name__ == "__main__":

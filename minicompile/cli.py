@@ -5,7 +5,7 @@
     minicompile bench [--quick] [--device cpu|cuda] [--json FILE] [--plot FILE.png]
     minicompile bench --train [--quick] [--workloads mlp,cnn,...] [--json FILE]
     minicompile bench --train --models [--quick] [--workloads gpt2,resnet18,...] [--autocast bf16] [--json FILE]
-    minicompile bench --models [--quick] [--batch N] [--dtype bf16] [--autocast bf16] [--workloads resnet18,vit,...] [--json FILE]
+    minicompile bench --models [--quick] [--batch N] [--dtype bf16] [--autocast bf16] [--mode max-autotune] [--workloads resnet18,vit,...] [--json FILE]
     minicompile bench --dynamic [--quick] [--workloads pointwise,block,...] [--no-inductor]
     minicompile cache info | clear
     minicompile config
@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from minicompile.config import config, knobs, unknown_variables
+from minicompile.config import MODES, config, knobs, unknown_variables
 
 from minicompile.tools.target import CONVENTION, TargetError
 
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=int, help="with --models: the inputs' batch size (default: each model's own)")
     bench.add_argument("--autocast", choices=["bf16", "fp16"], help="with --models (and --train): forwards under CPU autocast")
     bench.add_argument("--dtype", choices=["bf16", "fp16"], help="with --models: the models and their inputs in this dtype")
+    bench.add_argument("--mode", choices=[m for m in MODES if m], help="with --models: torch.compile's mode, both compilers")
     bench.add_argument("--dynamic", action="store_true",
                        help="static vs dynamic-shape builds of minicompile and Inductor, one thread, CPU time "
                             "(docs/dynamic.md)")
@@ -125,6 +126,7 @@ def _report(args) -> int:
 
 def _bench(args) -> int:
     wrong = ("--autocast is for --models" if args.autocast and not args.models else
+             "--mode is for --models (inference)" if args.mode and (args.train or not args.models) else
              "--dtype is for --models (inference)" if args.dtype and (args.train or not args.models) else
              "--batch N (N >= 1) is for --models (inference)" if args.batch is not None and
              (args.train or not args.models or args.batch < 1) else None)
@@ -152,7 +154,7 @@ def _bench(args) -> int:
         names = [n.strip() for n in args.workloads.split(",")] if args.workloads else None
         return bench_models.run_models(names, size, not args.no_inductor, args.profile, args.json, threads=args.threads,
                                        batch=args.batch, cold=not args.no_cold_compile, dtype=args.dtype,
-                                       autocast=args.autocast)
+                                       autocast=args.autocast, mode=args.mode)
     from minicompile.tools import bench
     return bench.run_bench(args)
 

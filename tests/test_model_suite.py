@@ -89,3 +89,31 @@ def test_bench_models_dtype_and_autocast_reach_the_worker(tmp_path, capsys):
     assert "inference (bf16)" in proc.stdout
     assert main(["bench", "--models", "--train", "--dtype", "bf16"]) == 2
     assert "--dtype is for --models (inference)" in capsys.readouterr().err
+
+
+def test_bench_models_mode_reaches_both_compilers(tmp_path, monkeypatch):
+    """``bench --models --mode max-autotune``: the timing worker's and both cold-compile processes' command
+    lines carry the mode, and in each process both compilers get ``torch.compile(..., mode=mode)``
+    (processes and compilers stood in for: this checks the plumbing, not a compile)."""
+    import subprocess
+    from minicompile.tools import bench_models, cold_compile
+    commands, compiles, real_run = [], [], subprocess.run
+
+    def fake_run(cmd, **kwargs):
+        if "--result" not in cmd:
+            return real_run(cmd, **kwargs)   # lscpu
+        commands.append(cmd)
+        with open(cmd[cmd.index("--result") + 1], "w") as f:
+            json.dump({"compile_s": 1.0, "import_s": 0.1} if cmd[2].endswith("cold_compile") else
+                      {"model": "mixer", "shape": "", "minicompile": {}, "inductor": {}}, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert main(["bench", "--models", "--workloads", "mixer", "--size", "tiny", "--mode", "max-autotune"]) == 0
+    assert [c[2] for c in commands] == ["minicompile.tools.bench_models"] + ["minicompile.tools.cold_compile"] * 2
+    assert all(c[c.index("--mode") + 1] == "max-autotune" for c in commands)
+
+    monkeypatch.setattr(torch, "compile", lambda model, backend, mode: compiles.append((backend, mode)) or model)
+    for cmd, run in zip(commands, [bench_models.main, cold_compile.main, cold_compile.main]):
+        at = cmd.index("--result")
+        assert run(cmd[3:at] + cmd[at + 2:] + ["--result", str(tmp_path / "result.json")]) == 0
+    assert compiles == [("minicompile", "max-autotune"), ("inductor", "max-autotune")] * 2

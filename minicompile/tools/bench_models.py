@@ -26,6 +26,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from minicompile.config import MODES
 from minicompile.tools import cold_compile
 from minicompile.tools.cold_compile import cold_env
 from minicompile.tools.bench import _render, machine_info, time_interleaved
@@ -38,9 +39,9 @@ COLUMNS = ("eager", "minicompile", "inductor")
 
 # ---------------------------------------------------------------- one model, in its own process
 
-def _compile(model, inputs, backend):
+def _compile(model, inputs, backend, mode=None):
     # no torch._dynamo.reset() between the two: Dynamo keeps one cache entry per backend
-    compiled = torch.compile(model, backend=backend) if backend else torch.compile(model)
+    compiled = torch.compile(model, backend=backend, mode=mode)
     t0 = time.perf_counter()
     out = compiled(*inputs)
     return compiled, out, time.perf_counter() - t0
@@ -63,7 +64,7 @@ def profile_minicompile(call, calls: int = 3) -> dict:
 
 
 def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool, batch: int | None = None,
-              dtype: str | None = None, autocast: str | None = None) -> dict:
+              dtype: str | None = None, autocast: str | None = None, mode: str | None = None) -> dict:
     spec = MODELS[name]
     model, inputs = spec.build(size, batch, dtype, autocast)
     shape = spec.describe if size == "full" else f"{name} ({size})"
@@ -73,9 +74,9 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool, ba
         model(*inputs)
         expected = model(*inputs)
         steps = {"eager": lambda: model(*inputs)}
-        for col, backend in [("minicompile", "minicompile")] + ([("inductor", None)] if inductor else []):
+        for col, backend in [("minicompile", "minicompile")] + ([("inductor", "inductor")] if inductor else []):
             try:
-                compiled, out, secs = _compile(model, inputs, backend)
+                compiled, out, secs = _compile(model, inputs, backend, mode)
             except Exception as e:  # one failing column must not lose the others
                 result[col] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
                 continue
@@ -95,26 +96,28 @@ def run_model(name: str, size: str, reps: int, inductor: bool, profile: bool, ba
 # ---------------------------------------------------------------- the parent
 
 def run_worker(name, size, reps, inductor, profile, threads=None, batch=None, cold=True, dtype=None,
-               autocast=None) -> dict:
+               autocast=None, mode=None) -> dict:
     """The model timed in one process, then (``cold``) each compiler's cold compile in a process of its own."""
     threads_env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
-    result = _timed_worker(name, size, reps, inductor, profile, threads_env, batch, dtype, autocast)
+    result = _timed_worker(name, size, reps, inductor, profile, threads_env, batch, dtype, autocast, mode)
     if "error" not in result and cold:
         for col in COLUMNS[1:] if inductor else COLUMNS[1:2]:
             if "error" not in result.get(col, {}):
                 result[col].update(cold_compile.measure("models", name, size, col, batch=batch, dtype=dtype,
-                                                        autocast=autocast, **threads_env))
+                                                        autocast=autocast, mode=mode, **threads_env))
     return result
 
 
-def _timed_worker(name, size, reps, inductor, profile, threads_env, batch=None, dtype=None, autocast=None) -> dict:
+def _timed_worker(name, size, reps, inductor, profile, threads_env, batch=None, dtype=None, autocast=None,
+                  mode=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="minicompile-models-") as tmp:
         env = cold_env(tmp, **threads_env)
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.bench_models", "--worker", name, "--size", size,
                "--reps", str(reps), "--result", out] + ([] if inductor else ["--no-inductor"]) + \
               (["--profile"] if profile else []) + (["--batch", str(batch)] if batch else []) + \
-              (["--dtype", dtype] if dtype else []) + (["--autocast", autocast] if autocast else [])
+              (["--dtype", dtype] if dtype else []) + (["--autocast", autocast] if autocast else []) + \
+              (["--mode", mode] if mode else [])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-10:]
@@ -159,7 +162,9 @@ def format_table(results: list, info: dict) -> str:
     rows.append(["geomean", "", "", "", "", _fmt(_geomean([_ratio(r, "minicompile", "eager") for r in ok])),
                  _fmt(_geomean([_ratio(r, "minicompile", "inductor") for r in ok])), "", ""])
     lines = [f"{info['cpu']}, {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads); "
-             f"inference ({info.get('dtype', 'float32')}{', autocast ' + info['autocast'] if info.get('autocast') else ''}), no_grad, eval; medians of {info['reps']} interleaved calls; compile = each compiler's "
+             f"inference ({info.get('dtype', 'float32')}{', autocast ' + info['autocast'] if info.get('autocast') else ''}"
+             f"{', mode ' + info['mode'] if info.get('mode') else ''}), no_grad, eval; "
+             f"medians of {info['reps']} interleaved calls; compile = each compiler's "
              "first call alone in a fresh process, every cache empty",
              "", _render(rows)]
     errors = [f"{r['model']} {col}: {r[col]['error']}" for r in ok for col in COLUMNS[1:]
@@ -192,21 +197,21 @@ def available(name: str) -> bool:
 def run_models(names: list | None, size: str = "full", inductor: bool = True, profile: bool = False,
                json_path: str | None = None, stream=sys.stdout, threads: int | None = None,
                batch: int | None = None, cold: bool = True, dtype: str | None = None,
-               autocast: str | None = None) -> int:
+               autocast: str | None = None, mode: str | None = None, reps: int | None = None) -> int:
     names = names or [n for n in MODELS if available(n)]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         print(f"minicompile bench: unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}",
               file=sys.stderr)
         return 2
-    reps = REPS[size]
+    reps = reps or REPS[size]
     results = []
     for n in names:
         print(f"@progress {n}", file=sys.stderr, flush=True)
-        results.append(run_worker(n, size, reps, inductor, profile, threads, batch, cold, dtype, autocast))
+        results.append(run_worker(n, size, reps, inductor, profile, threads, batch, cold, dtype, autocast, mode))
         print(format_row(results[-1]), file=sys.stderr, flush=True)
     info = dict(machine_info(), size=size, reps=reps, torch_threads=threads or torch.get_num_threads(), batch=batch,
-                dtype=dtype or "float32", autocast=autocast)
+                dtype=dtype or "float32", autocast=autocast, mode=mode)
     print(format_table(results, info), end="", file=stream)
     if json_path:
         with open(json_path, "w") as f:
@@ -227,18 +232,20 @@ def main(argv=None) -> int:
     p.add_argument("--no-cold-compile", action="store_true", help="no cold-compile processes")
     p.add_argument("--dtype", choices=["bf16", "fp16"], help="the models and their inputs in this dtype")
     p.add_argument("--autocast", choices=["bf16", "fp16"], help="each forward under CPU autocast")
+    p.add_argument("--mode", choices=[m for m in MODES if m], help="torch.compile's mode, both compilers (default: none)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         result = run_model(args.worker, args.size, args.reps or REPS[args.size], not args.no_inductor, args.profile,
-                           args.batch, args.dtype, args.autocast)
+                           args.batch, args.dtype, args.autocast, args.mode)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
     names = [n.strip() for n in args.models.split(",")] if args.models else None
     return run_models(names, args.size, not args.no_inductor, args.profile, args.json, threads=args.threads,
-                      batch=args.batch, cold=not args.no_cold_compile, dtype=args.dtype, autocast=args.autocast)
+                      batch=args.batch, cold=not args.no_cold_compile, dtype=args.dtype, autocast=args.autocast,
+                      mode=args.mode, reps=args.reps)
 
 
 if __name__ == "__main__":

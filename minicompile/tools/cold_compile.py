@@ -2,7 +2,7 @@
 
     python -m minicompile.tools.cold_compile --kind train|train_models|models --workload NAME --size SIZE
                                               --compiler minicompile|inductor|eager --result FILE.json
-                                              [--autocast bf16|fp16]
+                                              [--autocast bf16|fp16] [--mode max-autotune]
 
 ``bench --train``, ``bench --train --models`` and ``bench --models`` time both compilers in one process, where the second
 compile of anything is not cold: Dynamo, Inductor and minicompile keep in-memory caches, and
@@ -59,17 +59,18 @@ def cold_env(tmp: str, **extra) -> dict:
 
 
 def measure(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
-            batch: int | None = None, dtype: str | None = None, **env) -> dict:
+            batch: int | None = None, dtype: str | None = None, mode: str | None = None, **env) -> dict:
     """``{"compile_s", "import_s"}`` of ``compiler``'s cold compile, or ``{"error": ...}``; ``env``:
     more environment variables for the process (``MINICOMPILE_FALLBACK="0"`` to raise on errors);
     ``autocast`` ("bf16", "fp16"; train_models and models): the forward runs under CPU autocast;
     ``batch``, ``dtype`` (models only): the inputs' batch size instead of the model's own, the
-    model and its inputs in that dtype."""
+    model and its inputs in that dtype; ``mode``: torch.compile's mode."""
     with tempfile.TemporaryDirectory(prefix="minicompile-cold-") as tmp:
         out = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "minicompile.tools.cold_compile", "--kind", kind, "--workload", workload,
                "--size", size, "--compiler", compiler, "--result", out] + (["--autocast", autocast] if autocast else []) + \
-            (["--batch", str(batch)] if batch else []) + (["--dtype", dtype] if dtype else [])
+            (["--batch", str(batch)] if batch else []) + (["--dtype", dtype] if dtype else []) + \
+            (["--mode", mode] if mode else [])
         proc = subprocess.run(cmd, env=cold_env(tmp, **env), capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
@@ -125,7 +126,7 @@ FIRST_CALL = {"train": _first_train_step, "train_models": _first_train_model_ste
 
 
 def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None = None,
-        batch: int | None = None, dtype: str | None = None) -> dict:
+        batch: int | None = None, dtype: str | None = None, mode: str | None = None) -> dict:
     given = dict(autocast=autocast, batch=batch, dtype=dtype)
     first_call = FIRST_CALL[kind](workload, size, **{k: v for k, v in given.items() if v})
     backend = compiler if compiler in ("minicompile", "eager") else "inductor"
@@ -133,7 +134,7 @@ def run(kind: str, workload: str, size: str, compiler: str, autocast: str | None
     torch._dynamo.lookup_backend(backend)   # imports the compiler: Dynamo's registry loads it
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    first_call(lambda m: torch.compile(m, backend=backend))
+    first_call(lambda m: torch.compile(m, backend=backend, mode=mode))
     return {"compile_s": time.perf_counter() - t0, "import_s": import_s}
 
 
@@ -147,8 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--autocast", choices=["bf16", "fp16"], help="train_models, models: the forward under CPU autocast")
     p.add_argument("--batch", type=int, help="models: the inputs' batch size")
     p.add_argument("--dtype", choices=["bf16", "fp16"], help="models: the model and its inputs in this dtype")
+    p.add_argument("--mode", help="torch.compile's mode")
     args = p.parse_args(argv)
-    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast, args.batch, args.dtype)
+    result = run(args.kind, args.workload, args.size, args.compiler, args.autocast, args.batch, args.dtype, args.mode)
     with open(args.result, "w") as f:
         json.dump(result, f)
     return 0

@@ -449,10 +449,9 @@ class Tracer:
         args, kwargs = map_args(args, graph_constant), map_args(kwargs or {}, graph_constant)
         fake_args = map_args(args, to_fake)
         fake_kwargs = map_args(kwargs, to_fake)
-        # symbolic: the Python dispatcher (Dynamo's, make_fx's), or baddbmm's meta fails to expand
-        kernels = enable_python_dispatcher() if self.symbolic else contextlib.nullcontext()
-        try:
-            with self.fake_mode, kernels, torch.set_grad_enabled(self.grad_enabled):
+        try:   # symbolic: the Python dispatcher (Dynamo's, make_fx's), or baddbmm's meta fails to expand
+            with self.fake_mode, enable_python_dispatcher() if self.symbolic else contextlib.nullcontext(), \
+                    torch.set_grad_enabled(self.grad_enabled):
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

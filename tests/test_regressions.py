@@ -252,6 +252,9 @@ def test_sums_over_expanded_dimensions_are_one_multiply():
     for k, (a, e, w) in enumerate(zip(got, eager, wide)):   # as close to float64 as eager, or closer
         assert a.dtype == e.dtype and ((a.double() - w).abs() <= (e.double() - w).abs()).all(), k
     assert not got[0].any()   # a row minus its own mean
+    empty = torch.randn(6, 1, 1, 1).expand(6, 1, 1, 0)   # fuzz_dynamic seed 7110196: read past an empty row
+    torch.testing.assert_close(torch.compile(lambda e: (e.mean(3), e.sum(3)), backend="minicompile")(empty),
+                               (empty.mean(3), empty.sum(3)), equal_nan=True)
     # copies of -0.0 sum to +0.0, as a sum from +0.0 does
     signs = torch.compile(lambda z: (1 / z.sum(1), 1 / z.mean(1)), backend="minicompile", dynamic=True)
     for n in (5, 7):

@@ -71,8 +71,8 @@ def _copies(x, dims, keepdim, dtype, n, node):
     """A sum over dimensions that ``x`` expands (stride 0) as ``n`` copies of one value times n
     (n=None: their mean, the value), rounded once as in float64, not at every addition (eager's
     is exact for some lengths only); + 0.0 as a sum starts from +0.0. None for other sums."""
-    if not (isinstance(x, StorageView) and dims and all(x.stride[k] == 0 for k in dims)):
-        return None
+    if not (isinstance(x, StorageView) and dims and all(x.stride[k] == 0 and x.size[k] != 0 for k in dims)):
+        return None   # (an empty row has no value to load: its sum is 0, its mean NaN)
     load = x.loader()
 
     def body(ops, idx):

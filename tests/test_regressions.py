@@ -227,3 +227,36 @@ def test_pow_by_the_exponents_eager_special_cases_is_bit_equal_and_multiplies(ex
     c = helpers.compile_fn(lambda t: torch.pow(t, exponent) + 1, x)
     assert torch.equal(c(x).nan_to_num(7.0), (torch.pow(x, exponent) + 1).nan_to_num(7.0))
     assert "pow" not in c.kernel_source
+
+
+def test_sums_over_expanded_dimensions_are_one_multiply():
+    # training fuzzer seed 7200129: the mean of an expanded (stride 0) row was a chain of float32
+    # additions, 1 ulp off the row's value where eager's is exact; normalising the row then gave
+    # rounding noise instead of zeros, and minimum() routed its gradient differently (252 apart)
+    from minicompile.testing.fuzz_train import check_inputs
+
+    def program(v0, v1):
+        v4 = (v1 - v1.mean(1, keepdim=True)) * torch.rsqrt(v1.var(1, keepdim=True, unbiased=False) + 1e-5)
+        return (torch.minimum(torch.ge(v0, v1), v4),)
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(5, 1, generator=g, dtype=torch.float64).float()
+    assert check_inputs(program, [torch.randn(5, 8, generator=g), row.expand(5, 8)]) is None
+
+    def sums(x, b, i):
+        return (x - x.mean(1, keepdim=True), x.sum((0, 1)), x.sum(1), b.sum(-1), i.sum(0, keepdim=True),
+                x.sum(-1, keepdim=True))
+    x = (torch.randn(1, 1, 7, generator=g) * 3).expand(6, 24, 7)
+    b, i = torch.randn(4, 1, generator=g).bfloat16().expand(4, 9), torch.randint(-9, 9, (1, 3), generator=g).expand(11, 3)
+    got, eager = torch.compile(sums, backend="minicompile")(x, b, i), sums(x, b, i)
+    wide = sums(x.double(), b.double(), i)
+    for k, (a, e, w) in enumerate(zip(got, eager, wide)):   # as close to float64 as eager, or closer
+        assert a.dtype == e.dtype and ((a.double() - w).abs() <= (e.double() - w).abs()).all(), k
+    assert not got[0].any()   # a row minus its own mean
+    empty = torch.randn(6, 1, 1, 1).expand(6, 1, 1, 0)   # fuzz_dynamic seed 7110196: read past an empty row
+    torch.testing.assert_close(torch.compile(lambda e: (e.mean(3), e.sum(3)), backend="minicompile")(empty),
+                               (empty.mean(3), empty.sum(3)), equal_nan=True)
+    # copies of -0.0 sum to +0.0, as a sum from +0.0 does
+    signs = torch.compile(lambda z: (1 / z.sum(1), 1 / z.mean(1)), backend="minicompile", dynamic=True)
+    for n in (5, 7):
+        z = torch.tensor([[-0.0]]).expand(3, n)
+        assert all((s == torch.inf).all() for s in signs(z)), n

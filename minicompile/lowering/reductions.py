@@ -35,6 +35,9 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
         raise Unsupported(f"{reduction_type} over an empty dimension raises in eager")
     load = x.loader()
     src_dtype = compute_dtype(x.dtype)
+    if reduction_type == "sum" and body is None and (copies := _copies(x, dims, keepdim, out_dtype, prod(red_size),
+                                                                       name_node or node)):
+        return copies
 
     def full_index(index, rindex):
         out, it_r = [], iter(rindex)
@@ -62,6 +65,24 @@ def reduce(lw, x, dims, keepdim, reduction_type, out_dtype, *, node=None, body=N
     buf = ComputedBuffer(lw.new_name(), layout, list(dict.fromkeys(names)), data=data)
     lw.register(buf)
     return StorageView.whole(buf)
+
+
+def _copies(x, dims, keepdim, dtype, n, node):
+    """A sum over dimensions that ``x`` expands (stride 0) as ``n`` copies of one value times n
+    (n=None: their mean, the value), rounded once as in float64, not at every addition (eager's
+    is exact for some lengths only); + 0.0 as a sum starts from +0.0. None for other sums."""
+    if not (isinstance(x, StorageView) and dims and all(x.stride[k] == 0 and x.size[k] != 0 for k in dims)):
+        return None   # (an empty row has no value to load: its sum is 0, its mean NaN)
+    load = x.loader()
+
+    def body(ops, idx):
+        at = iter(idx)
+        v = ops.to_dtype(load(ops, [Expr.of(0) if k in dims else idx[k] if keepdim else next(at)
+                                    for k in range(len(x.size))]), dtype)
+        v = v if n is None else ops.pointwise("mul", v, _number(ops, n, dtype), dtype=dtype)
+        return ops.pointwise("add", v, ops.constant(0.0, dtype), dtype=dtype) if dtype.is_floating_point else v
+    size = tuple(1 if k in dims else s for k, s in enumerate(x.size) if keepdim or k not in dims)
+    return Lazy(dtype, x.device, size, body, [node.name] if node is not None else [])
 
 
 def _accumulate(kind):
@@ -126,6 +147,8 @@ def mean(lw, node, x, dims, keepdim=False, *, dtype=None):
     cdt = compute_dtype(out.dtype)
     x = _cast(x, out.dtype) if x.dtype != out.dtype else x
     n = _count(x, dims)
+    if (copies := _copies(x, _norm_dims(dims, len(x.size)), keepdim, cdt, None, node)) is not None:
+        return _cast(copies, out.dtype, node)
     total = reduce(lw, x, dims, keepdim, "sum", cdt, name_node=node)
     return _div(total, n if isinstance(n, Expr) else float(n), out.dtype, node)
 

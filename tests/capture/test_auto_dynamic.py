@@ -154,6 +154,21 @@ def test_non_contiguous_inputs_stay_static():
         torch.testing.assert_close(compiled(x, y), x + y)
 
 
+def bias_broadcast_in_a_meta_function(bias, q, k, x):
+    # baddbmm's and addcmul's meta functions expand their input to symbolic sizes (Bloom's alibi);
+    # constant_pad_nd's read them as ints, specialising the size (MobileBERT's trigram embeddings)
+    y = bias.baddbmm(q, k, beta=1.0, alpha=0.5) + torch.addcmul(bias, q.sum(2, keepdim=True), x)
+    return y + F.pad(x[:, :, 1:], [0, 1])
+
+
+def test_meta_functions_that_expand_symbolic_sizes_trace_without_a_break():
+    compiled = capture_compile(bias_broadcast_in_a_meta_function)
+    _run_sizes(bias_broadcast_in_a_meta_function, compiled, [16, 24, 32, 20],
+               lambda s: (torch.randn(8, 1, s), torch.randn(8, s, 4), torch.randn(8, 4, s), torch.randn(8, 1, s)))
+    assert compiled.capture_report.break_count == 0, compiled.capture_report.breaks
+    assert compiled.capture_report.compile_count == 2
+
+
 def data_dependent(x):
     return x[x > 0].sum() + x.nonzero().shape[0] * x
 

@@ -9,6 +9,7 @@ are caught before they are recorded.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import operator
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from minicompile.capture import dynamic
@@ -447,8 +449,9 @@ class Tracer:
         args, kwargs = map_args(args, graph_constant), map_args(kwargs or {}, graph_constant)
         fake_args = map_args(args, to_fake)
         fake_kwargs = map_args(kwargs, to_fake)
-        try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+        try:   # symbolic: the Python dispatcher (Dynamo's, make_fx's), or baddbmm's meta fails to expand
+            with self.fake_mode, enable_python_dispatcher() if self.symbolic else contextlib.nullcontext(), \
+                    torch.set_grad_enabled(self.grad_enabled):
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

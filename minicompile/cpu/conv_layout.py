@@ -184,11 +184,12 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
 
 
 def pointwise_stays_convolution(conv_node: torch.fx.Node) -> bool:
-    """Whether a 1x1 convolution of NHWC pixels (``_pointwise_conv``) measured faster as oneDNN's
-    convolution than as a product (the layout choice's candidates): at DenseNet's small shapes
-    (37 against 41 us, 2x104x8x8 into 64 channels), and a 3x3 convolution after MKL's product ran
-    10 us slower; ResNeXt's strided ones ran 1.2-1.6x faster as products of the gathered pixels."""
+    """Whether a strided 1x1 convolution of NHWC pixels (``_pointwise_conv``) measured faster as
+    oneDNN's convolution than as the product of its gathered pixels; an unstrided one is the product
+    (oneDNN's convolution, 10-40% faster alone at DenseNet's and EfficientNet's shapes, made their graphs 3-7% slower)."""
     x, w, b, stride = (a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in conv_node.args[:4])
+    if tuple(stride) == (1, 1):
+        return False
     conv = ConvShape(tuple(x.shape), tuple(w.shape), b is not None, tuple(stride), (0, 0), (1, 1), 1, True, True, x.dtype)
     try:
         times = _candidate_times(conv, convert_weight=False)
@@ -323,8 +324,8 @@ def _with_claims(claims: Claims, functionalize, gm, ctx):
 
 def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True,
                               stays_convolution=lambda conv: False) -> int:
-    """Each 1x1 convolution of an NHWC input -> a matrix product over its pixels (a strided one's,
-    gathered), unless ``stays_convolution(conv)`` (``pointwise_stays_convolution``); returns how many.
+    """Each 1x1 convolution of an NHWC input -> a matrix product over its (a strided one's: gathered)
+    pixels unless ``stays_convolution(conv)`` (``pointwise_stays_convolution``); returns how many.
 
     The product is oneDNN's linear where ``use_onednn(pixels, weight_t)`` (the CPU policy's GEMM
     choice), else ``mm`` plus the bias, which the wrapper runs into its own buffer."""

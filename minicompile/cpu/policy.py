@@ -60,8 +60,7 @@ def _train_channels_last(gm, choices: list) -> bool:
 
 
 def _pointwise_convs(gm, ctx):
-    """A 1x1 convolution of NHWC pixels runs as a matrix product (oneDNN's linear or mm, by the GEMM
-    choice) unless the convolution measured faster (cpu/conv_layout.py; not with the GEMM pinned)."""
+    """1x1 convolutions of NHWC pixels as matrix products (oneDNN's linear or mm; cpu/conv_layout.py)."""
     pinned = pinned_mode("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")[1]
     with recording(ctx.choices):
         pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear, (lambda c: False) if pinned else pointwise_stays_convolution)

@@ -177,7 +177,7 @@ def example_value(arg):
 def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     """Seconds per call of ``conv`` on NCHW data and on NHWC data (its weight converted in the
     call when ``convert_weight``); a 1x1 one's NHWC time is its fastest form: oneDNN's linear,
-    MKL's mm (``pointwise_convs_as_linear``) or the convolution."""
+    MKL's mm (``pointwise_convs_as_linear``) or, strided, the convolution."""
     times = _candidate_times(conv, convert_weight)
     best_nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)
     return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", best_nhwc)) if t is not None}
@@ -231,7 +231,7 @@ def _candidate_times(conv: ConvShape, convert_weight: bool) -> dict:
                        str(convert_weight and not conv.pointwise), *dtype)
     candidates = {"nchw": nchw, "nhwc": nhwc} if not conv.pointwise else \
         {"nchw": nchw, "nhwc": functools.partial(product, False), "nhwc_mm": functools.partial(product, True),
-         "nhwc_conv": nhwc}
+         **({"nhwc_conv": nhwc} if conv.stride != (1, 1) else {})}   # an unstrided one is the product
     with real_tensors():
         return library_times(key, candidates, f"convolution {conv.input} * {conv.weight}"
                              f"{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")

@@ -141,14 +141,14 @@ def test_transposed_output_is_written_in_memory_order():
     assert_matches_eager(out, fn(a, b))
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
+def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):   # the GEMM library pinned: no timing
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise") or not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN linear")
     torch.manual_seed(0)
     expand, project = nn.Conv2d(6, 12, 1, bias=bias).eval(), nn.Conv2d(12, 5, 1, stride=2).eval()
 
     def fn(x):
-        return project(F.silu(expand(x)))   # the strided 1x1 stays a convolution
+        return project(F.silu(expand(x)))   # the strided 1x1: a product of every other pixel, gathered
 
     x = torch.randn(2, 6, 7, 9)
     with torch.no_grad():
@@ -156,15 +156,55 @@ def test_pointwise_conv_runs_as_onednn_linear(bias, fresh_dynamo):
     out, graphs = compile_with_dynamo(fn, x)
     assert_matches_eager(out, ref)
     targets = [n.target for n in graphs[0].aten.gm.graph.nodes]
-    assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 1
-    assert targets.count(torch.ops.aten.convolution.default) == 1
+    assert targets.count(torch.ops.mkldnn._linear_pointwise.default) == 2
+    assert targets.count(torch.ops.aten.convolution.default) == 0
     with patch(cpu_gemm="mkl"):  # where MKL is the GEMM choice: mm (into the wrapper's buffer) and the bias
         torch._dynamo.reset()
         out, graphs = compile_with_dynamo(fn, x)
     assert_matches_eager(out, ref)
     targets = [n.target for n in graphs[0].aten.gm.graph.nodes]
-    assert torch.ops.mkldnn._linear_pointwise.default not in targets and torch.ops.aten.mm.default in targets
-    assert targets.count(torch.ops.aten.convolution.default) == 1
+    assert torch.ops.mkldnn._linear_pointwise.default not in targets and targets.count(torch.ops.aten.mm.default) == 2
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_conv_stays_a_convolution_where_that_measured_faster(stride, fresh_dynamo, monkeypatch):
+    from minicompile.cpu import policy
+    monkeypatch.setattr(policy, "pointwise_stays_convolution", lambda conv: True)
+    torch.manual_seed(0)
+    stem, pointwise = nn.Conv2d(3, 6, 3, padding=1).eval(), nn.Conv2d(6, 12, 1, stride=stride).eval()
+
+    def fn(x):
+        return pointwise(F.relu(stem(x)))
+
+    x = torch.randn(2, 3, 7, 9)
+    with torch.no_grad():
+        ref = fn(x)
+    with patch(conv_layout="channels_last", cpu_gemm="auto"):   # a pinned GEMM library runs every one as its product
+        out, graphs = compile_with_dynamo(fn, x)
+    assert_matches_eager(out, ref)
+    targets = [n.target for n in graphs[0].aten.gm.graph.nodes]
+    assert targets.count(torch.ops.aten.convolution.default) == 2 and torch.ops.aten.mm.default not in targets
+
+
+def test_a_strided_1x1_convolution_stays_one_where_onednn_ran_it_faster_than_either_product(monkeypatch):
+    # an unstrided one is always the product: oneDNN's convolution, faster alone, was slower in the graphs
+    from minicompile.cpu import conv_layout, timing
+    monkeypatch.setattr(timing, "_library_times", {})
+    monkeypatch.setattr(timing, "load_timings", lambda key: None)
+    monkeypatch.setattr(timing, "save_choice", lambda *args: None)
+    table = {}
+    monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: {n: table[n] for n in candidates})
+
+    def conv_node(stride):
+        g = torch.fx.Graph()
+        x, w = g.placeholder("x"), g.placeholder("w")
+        x.meta["val"], w.meta["val"] = torch.empty(2, 8, 4, 4), torch.empty(16, 8, 1, 1)
+        return g.call_function(torch.ops.aten.convolution.default, (x, w, None, [stride] * 2, [0, 0], [1, 1], False,
+                                                                     [0, 0], 1))
+    for stride, faster, stays in ((1, "nhwc_conv", False), (1, "nhwc_mm", False), (2, "nhwc", False), (2, "nhwc_conv", True)):
+        timing._library_times.clear()
+        table.update({"nchw": 3.0, "nhwc": 4.0, "nhwc_mm": 4.0, "nhwc_conv": 4.0, faster: 1.0})
+        assert conv_layout.pointwise_stays_convolution(conv_node(stride)) == stays
 
 
 def _compiled_with_layout_times(monkeypatch, model, x, times):
@@ -233,7 +273,7 @@ def test_a_1x1_convolution_on_nhwc_data_is_timed_as_the_faster_product(monkeypat
     monkeypatch.setattr(timing, "_library_times", {})
     monkeypatch.setattr(timing, "load_timings", lambda key: None)
     monkeypatch.setattr(timing, "save_choice", lambda *args: None)
-    table = {"nchw": 3.0, "nhwc": 4.0, "nhwc_mm": 1.0}
+    table = {"nchw": 3.0, "nhwc": 4.0, "nhwc_mm": 1.0, "nhwc_conv": 2.0}
     monkeypatch.setattr(timing, "_interleaved_best", lambda candidates: {n: table[n] for n in candidates})
     pointwise = ConvShape((2, 8, 4, 4), (16, 8, 1, 1), False, (1, 1), (0, 0), (1, 1), 1, True, True)
     dense = ConvShape((2, 8, 4, 4), (16, 8, 3, 3), False, (1, 1), (1, 1), (1, 1), 1, True, True)

@@ -46,7 +46,7 @@ def test_fused_intermediates_are_not_materialized(backend):
     kernel = c.schedule.kernels[0]
     stored = [n for n in kernel.nodes if n.name not in kernel.local and n.name not in kernel.scratch]
     assert len(stored) == 1  # only the output reaches memory
-    assert plain_call(c).count("= empty_strided(") == 1
+    assert plain_call(c).count("= empty_strided(") + plain_call(c).count("= empty_strided_cpu(") == 1
 
 
 def plain_call(c) -> str:

@@ -33,7 +33,7 @@ from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
                                   contiguous_strides)
 from minicompile.runtime import host_pool
-from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, SAFE_CALLS, aligned_rows
+from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, aligned_rows, fast_call
 from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule, TemplateKernel
 from minicompile.scheduler.kernel import FusedKernel
@@ -84,10 +84,14 @@ class WrapperCode:
             return str(a)
         return self._ref(a)
 
-    def view(self, v: StorageView) -> str:
+    def view(self, v: StorageView, returned: bool = False) -> str:
+        """``v`` of its buffer. Inside the call a view is torch's C++ reinterpretation (no autograd
+        view, a third of as_strided's time); one the call returns is as_strided, a view as eager's."""
         name = self.storage.get(v.buffer.name, v.buffer.name)
         if v.is_whole():
             return name
+        if not returned:
+            return f"reinterpret_tensor({name}, {tuple(v.size)}, {tuple(v.stride)}, {v.offset})"
         base = f"{name}.storage_offset() + {v.offset}" if not _owned(v.buffer) else str(v.offset)
         return f"as_strided({name}, {tuple(v.size)}, {tuple(v.stride)}, {base})"
 
@@ -150,10 +154,10 @@ class WrapperCode:
             if writes_out(b):  # into its own buffer, already in the layout kernels index
                 out_op = OUT_VARIANTS[b.op]
                 lines.append(self._alloc(b, pool, outputs))
-                lines.append(f"{self._ref(out_op)}({args}, out={b.name})  # "
+                lines.append(f"{self._ref(fast_call(out_op))}({args}, out={b.name})  # "
                              + comment_text(f"{out_op} into {b.name}: {b.reason}"))
             else:
-                lines.append(f"{b.name} = {self._ref(SAFE_CALLS.get(b.op, b.op))}({args})  "
+                lines.append(f"{b.name} = {self._ref(fast_call(b.op))}({args})  "
                              f"# {comment_text(f'{b.op}: {b.reason}')}")
                 lines += self._bind_sizes(b)
                 if b.layout is not None:
@@ -168,7 +172,8 @@ class WrapperCode:
         """The module: its helpers, then ``make`` binding the kernels and constants and defining
         ``call`` and ``call_profiled`` over the steps."""
         graph = self.graph
-        ret = ", ".join(self.value(o) for o in graph.outputs)
+        ret = ", ".join(self.view(o, returned=True) if isinstance(o, StorageView) else self.value(o)
+                        for o in graph.outputs)
         head = [
             "# minicompile host wrapper: allocate, call kernels and externs in order, return outputs.",
             "import torch",
@@ -176,6 +181,7 @@ class WrapperCode:
             "",
             "from minicompile.runtime.host_pool import take as pooled  # large CPU buffers nobody holds any more",
             "from minicompile.runtime.host_pool import empty_strided as pooled_if_large  # a symbolic size: decided per call",
+            "from minicompile.runtime.host_pool import empty_strided_cpu, reinterpret_tensor  # torch's C++ fast paths",
             "from minicompile.runtime.profiling import graph_event_name, record_function",
             "",
             "empty_strided = torch.empty_strided",
@@ -231,13 +237,15 @@ class WrapperCode:
         if n.name not in outputs and pool.get(key):
             old = pool[key].pop()
             return f"{n.name} = {old}  # reuses the memory of {old}" if _same_layout(self.graph.by_name[old], n) else \
-                f"{n.name} = as_strided({old}, {lay.size}, {lay.stride})  # reuses {old}"
+                f"{n.name} = reinterpret_tensor({old}, {lay.size}, {lay.stride}, 0)  # reuses {old}"
         nbytes = lay.storage_numel() * lay.dtype.itemsize
         # decided here, not on every call, unless the size is symbolic
         if lay.device.type == "cpu" and isinstance(nbytes, Expr):
             return f"{n.name} = pooled_if_large({lay.size}, {lay.stride}, dtype={lay.dtype}, device=torch.device('cpu'))"
         if lay.device.type == "cpu" and nbytes >= host_pool.MIN_BYTES:
             return f"{n.name} = pooled({lay.size}, {lay.stride}, {lay.dtype}, {nbytes})"
+        if lay.device.type == "cpu":
+            return f"{n.name} = empty_strided_cpu({lay.size}, {lay.stride}, {lay.dtype})"
         return (f"{n.name} = empty_strided({lay.size}, {lay.stride}, dtype={lay.dtype}, "
                 f"device=torch.device({str(lay.device)!r}))")
 

@@ -111,8 +111,8 @@ class ConvShape:
 
     @property
     def pointwise(self) -> bool:
-        """A 1x1 convolution that ``pointwise_convs_as_linear`` runs as a matrix product (float32)."""
-        return (self.dtype == torch.float32 and self.weight[2:] == (1, 1) and self.groups == 1 and self.stride == (1, 1)
+        """A 1x1 convolution that ``pointwise_convs_as_linear`` may run as a matrix product (float32)."""
+        return (self.dtype == torch.float32 and self.weight[2:] == (1, 1) and self.groups == 1
                 and self.dilation == (1, 1) and self.padding == (0, 0))
 
 
@@ -176,9 +176,32 @@ def example_value(arg):
 
 def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     """Seconds per call of ``conv`` on NCHW data and on NHWC data (its weight converted in the
-    call when ``convert_weight``). A 1x1 one on NHWC data is the matrix product it becomes
-    (``pointwise_convs_as_linear``): oneDNN's linear over the pixels or MKL's mm, whichever is
-    faster (the GEMM choice takes one or the other)."""
+    call when ``convert_weight``); a 1x1 one's NHWC time is its fastest form: oneDNN's linear,
+    MKL's mm (``pointwise_convs_as_linear``) or, strided, the convolution."""
+    times = _candidate_times(conv, convert_weight)
+    best_nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)
+    return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", best_nhwc)) if t is not None}
+
+
+def pointwise_stays_convolution(conv_node: torch.fx.Node) -> bool:
+    """Whether a strided 1x1 convolution of NHWC pixels (``_pointwise_conv``) measured faster as
+    oneDNN's convolution than as the product of its gathered pixels; an unstrided one is the product
+    (oneDNN's convolution, 10-40% faster alone at DenseNet's and EfficientNet's shapes, made their graphs 3-7% slower)."""
+    x, w, b, stride = (a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in conv_node.args[:4])
+    if tuple(stride) == (1, 1):
+        return False
+    conv = ConvShape(tuple(x.shape), tuple(w.shape), b is not None, tuple(stride), (0, 0), (1, 1), 1, True, True, x.dtype)
+    try:
+        times = _candidate_times(conv, convert_weight=False)
+    except NoCandidateRan:
+        return True
+    forms = {"convolution": times.get("nhwc_conv", math.inf), "product": min(times.get(k, math.inf) for k in ("nhwc", "nhwc_mm"))}
+    choice = min(forms, key=forms.get)
+    record(Decision(choice, times=forms).line(f"1x1 convolution {conv.input} * {conv.weight} stride {conv.stride}"))
+    return choice == "convolution"
+
+
+def _candidate_times(conv: ConvShape, convert_weight: bool) -> dict:
     cl = torch.channels_last
 
     @functools.cache
@@ -197,8 +220,8 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
         return torch.convolution(x, w, b, conv.stride, conv.padding, conv.dilation, False, [0, 0], conv.groups)
 
     def product(mm: bool):
-        (_, w, b, x), (n, c, h, wd) = operands(), conv.input
-        x, w = x.permute(0, 2, 3, 1).reshape(n * h * wd, c), w.view(conv.weight[0], c)
+        (_, w, b, x), c = operands(), conv.input[1]
+        x, w = x[:, :, ::conv.stride[0], ::conv.stride[1]].permute(0, 2, 3, 1).reshape(-1, c), w.view(conv.weight[0], c)
         if not mm:
             return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
@@ -207,12 +230,11 @@ def conv_layout_times(conv: ConvShape, convert_weight: bool) -> dict:
     key = cache.digest("conv-layout", torch.__version__, cpu_name(), str(torch.get_num_threads()), repr(conv),
                        str(convert_weight and not conv.pointwise), *dtype)
     candidates = {"nchw": nchw, "nhwc": nhwc} if not conv.pointwise else \
-        {"nchw": nchw, "nhwc": functools.partial(product, False), "nhwc_mm": functools.partial(product, True)}
+        {"nchw": nchw, "nhwc": functools.partial(product, False), "nhwc_mm": functools.partial(product, True),
+         **({"nhwc_conv": nhwc} if conv.stride != (1, 1) else {})}   # an unstrided one is the product
     with real_tensors():
-        times = library_times(key, candidates, f"convolution {conv.input} * {conv.weight}"
-                              f"{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
-    best_nhwc = min((t for name, t in times.items() if name != "nchw"), default=None)   # the faster product
-    return {name: t for name, t in (("nchw", times.get("nchw")), ("nhwc", best_nhwc)) if t is not None}
+        return library_times(key, candidates, f"convolution {conv.input} * {conv.weight}"
+                             f"{' ' + str(conv.dtype)[6:] if dtype else ''}, NCHW or NHWC")
 
 
 def eager_output_strides(gm: torch.fx.GraphModule) -> list | None:
@@ -300,8 +322,10 @@ def _with_claims(claims: Claims, functionalize, gm, ctx):
         _ACTIVE.reset(token)
 
 
-def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True) -> int:
-    """Each 1x1 convolution of an NHWC input -> a matrix product over its pixels; returns how many.
+def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=lambda pixels, weight_t: True,
+                              stays_convolution=lambda conv: False) -> int:
+    """Each 1x1 convolution of an NHWC input -> a matrix product over its (a strided one's: gathered)
+    pixels unless ``stays_convolution(conv)`` (``pointwise_stays_convolution``); returns how many.
 
     The product is oneDNN's linear where ``use_onednn(pixels, weight_t)`` (the CPU policy's GEMM
     choice), else ``mm`` plus the bias, which the wrapper runs into its own buffer."""
@@ -310,11 +334,17 @@ def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=la
         return 0
     rewritten = 0
     for conv in [n for n in gm.graph.nodes if n.target is aten.convolution.default and _pointwise_conv(n)]:
-        x, w, b = conv.args[:3]
+        if stays_convolution(conv):
+            continue
+        x, w, b, (sh, sw) = *conv.args[:3], conv.args[3]
         (n, cin, h, wd), cout = x.meta["val"].shape, w.meta["val"].shape[0]
         emit = Emitter(gm.graph, fake_mode)
         with gm.graph.inserting_before(conv):
-            pixels = emit(aten.view.default, emit(aten.permute.default, x, [0, 2, 3, 1]), [n * h * wd, cin])
+            nhwc = emit(aten.permute.default, x, [0, 2, 3, 1])
+            if (sh, sw) != (1, 1):   # the pixels the convolution reads, copied into rows
+                nhwc = emit(aten.clone.default, emit(aten.slice.Tensor, emit(aten.slice.Tensor, nhwc, 1, 0, h, sh), 2, 0, wd, sw))
+                h, wd = nhwc.meta["val"].shape[1:3]
+            pixels = emit(aten.view.default, nhwc, [n * h * wd, cin])
             weight = emit(aten.view.default, w, [cout, cin])
             weight_t = emit(aten.t.default, weight)
             if use_onednn(pixels.meta["val"], weight_t.meta["val"]):
@@ -336,8 +366,8 @@ def pointwise_convs_as_linear(gm: torch.fx.GraphModule, fake_mode, use_onednn=la
 def _pointwise_conv(conv: torch.fx.Node) -> bool:
     x, w, b, stride, padding, dilation, transposed, _, groups = conv.args
     vals = [a.meta.get("val") for a in (x, w) if isinstance(a, torch.fx.Node)]
-    if len(vals) != 2 or transposed or groups != 1 or any(list(v) != [1, 1] for v in (stride, dilation)) \
-            or list(padding) != [0, 0]:
+    if len(vals) != 2 or transposed or groups != 1 or list(dilation) != [1, 1] or list(padding) != [0, 0] \
+            or not all(isinstance(s, int) for s in stride):
         return False
     xv, wv = vals
     return (xv.dim() == 4 and tuple(wv.shape[2:]) == (1, 1) and xv.device.type == "cpu"

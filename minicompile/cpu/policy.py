@@ -15,8 +15,9 @@ MINICOMPILE_CPU_ATTENTION, MINICOMPILE_CPU_EPILOGUE, MINICOMPILE_CONV_LAYOUT and
 from __future__ import annotations
 
 from minicompile.aot.policy import AtenPass, DevicePolicy
-from minicompile.cpu.claims import CPU_CLAIMS, stamp_extern_reasons, use_onednn_linear
-from minicompile.cpu.conv_layout import functionalize_channels_last, pointwise_convs_as_linear, relayout_active
+from minicompile.cpu.claims import CPU_CLAIMS, pinned_mode, stamp_extern_reasons, use_onednn_linear
+from minicompile.cpu.conv_layout import (functionalize_channels_last, pointwise_convs_as_linear, pointwise_stays_convolution,
+                                         relayout_active)
 from minicompile.cpu.epilogues import fuse_epilogues
 from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
 from minicompile.cpu.timing import measured_first, recording
@@ -59,10 +60,10 @@ def _train_channels_last(gm, choices: list) -> bool:
 
 
 def _pointwise_convs(gm, ctx):
-    """A 1x1 convolution of NHWC pixels runs as a matrix product (oneDNN's linear or mm, by the GEMM
-    choice; cpu/conv_layout.py)."""
+    """1x1 convolutions of NHWC pixels as matrix products (oneDNN's linear or mm; cpu/conv_layout.py)."""
+    pinned = pinned_mode("cpu_gemm", "MINICOMPILE_CPU_GEMM", eager="mkl")[1]
     with recording(ctx.choices):
-        pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear)
+        pointwise_convs_as_linear(gm, ctx.fake_mode, use_onednn_linear, (lambda c: False) if pinned else pointwise_stays_convolution)
     return gm
 
 

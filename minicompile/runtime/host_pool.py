@@ -25,13 +25,18 @@ import torch
 
 from minicompile.config import config
 
+# torch's C++ paths that Dynamo's guards use: a view, a CPU allocation without the dispatcher's
+# Python argument parsing (a third of torch.as_strided's time, a half of torch.empty_strided's)
+from torch._C._dynamo.guards import _empty_strided_cpu as empty_strided_cpu  # noqa: F401 (the wrapper's)
+from torch._C._dynamo.guards import _reinterpret_tensor as reinterpret_tensor
+
 # glibc maps a request of its mmap threshold (128 KiB, raised as large blocks are freed) or more
 # afresh, and gives back the top of its heap past twice that: buffers from 64 KiB up are kept.
 MIN_BYTES = 64 << 10
 
 _use_count = torch._C._storage_Use_Count
 _lock = threading.Lock()
-_storages: dict = {}   # nbytes -> [UntypedStorage]
+_storages: dict = {}   # nbytes -> [(UntypedStorage, a tensor on it of the first request's dtype)]
 _total = [0]           # bytes of every remembered storage, idle or in use
 
 
@@ -53,14 +58,17 @@ def take(size, stride, dtype, nbytes: int):
     if nbytes > limit:
         return torch.empty_strided(size, stride, dtype=dtype)
     with _lock:
-        for st in _storages.get(nbytes, ()):
-            if _use_count(st._cdata) == 1 and st.nbytes() == nbytes:  # idle: nobody else holds it
+        for st, base in _storages.get(nbytes, ()):
+            if _use_count(st._cdata) == 2 and st.nbytes() == nbytes:  # idle: only the pool's two hold it
+                if base.dtype == dtype:   # a view without the dispatcher (a third of set_'s time)
+                    return reinterpret_tensor(base, size, stride, 0)
                 return torch.empty(0, dtype=dtype).set_(st, 0, size, stride)
         t = torch.empty_strided(size, stride, dtype=dtype)
         if _total[0] + nbytes > limit:
             _release_idle()
         if _total[0] + nbytes <= limit:
-            _storages.setdefault(nbytes, []).append(t.untyped_storage())
+            # a tensor of its own (not t, which the caller holds: that would not count)
+            _storages.setdefault(nbytes, []).append((t.untyped_storage(), reinterpret_tensor(t, size, stride, 0)))
             _total[0] += nbytes
         return t
 
@@ -79,7 +87,7 @@ def held_bytes() -> int:
 def _release_idle() -> int:
     freed = 0
     for nbytes, sts in list(_storages.items()):
-        keep = [st for st in sts if _use_count(st._cdata) > 1]
+        keep = [held for held in sts if _use_count(held[0]._cdata) > 2]
         freed += nbytes * (len(sts) - len(keep))
         if keep:
             _storages[nbytes] = keep

@@ -37,37 +37,50 @@ class ChannelValues:
     compute the same expression (BatchNorm's scale over the concatenated channels) share one
     array, filled in one loop over their ranges."""
     sizes: dict                 # loop variable (an ir.expr Var) -> its whole loop's range, for each that may have arrays
-    values: dict = field(default_factory=dict)   # (variable name, expression) -> [name, C++ type, size, ranges]
+    values: dict = field(default_factory=dict)   # (variable name, expression) -> _Array
 
     def add(self, var, name: str, ctype: str, expr: str) -> str:
         """A value ``name`` = ``expr`` per value of ``var`` (the same array as an earlier value of that
         expression); how the loops read it."""
-        value = self.values.setdefault((var.name, expr), [name, ctype, self.sizes[var], []])
-        if (var.start, var.size) not in value[3]:
-            value[3].append((var.start, var.size))
-        return f"{value[0]}_c[{var.name}]"
+        array = self.values.setdefault((var.name, expr), _Array(name, ctype, self.sizes[var]))
+        array.fill((var.start, var.size))
+        return f"{array.name}_c[{var.name}]"
 
     def widen(self, var_name: str, piece: tuple, others: list) -> None:
         """Every value of ``var_name`` filled over range ``piece`` is filled over ``others`` too (a
         loop over a table of pieces computes each with the first piece's body)."""
-        for (name, _), value in self.values.items():
-            if name == var_name and piece in value[3]:
-                value[3] += [r for r in others if r not in value[3]]
+        for (var, _), array in self.values.items():
+            if var == var_name and piece in array.ranges:
+                for r in others:
+                    array.fill(r)
 
     def block(self) -> list:
         """The arrays and the loops that fill them (nothing when no value was computed here): the
         values of one variable filled over the same ranges share a loop, in the order first added."""
         groups: dict = {}
-        for (var, expr), (name, ctype, size, ranges) in self.values.items():
-            decls, lines = groups.setdefault((var, _spans(ranges)), ([], []))
-            decls.append(f"{ctype} {name}_c[{size}];")
-            lines.append(f"    {name}_c[{var}] = {expr};")
+        for (var, expr), a in self.values.items():
+            decls, lines = groups.setdefault((var, _spans(a.ranges)), ([], []))
+            decls.append(f"{a.ctype} {a.name}_c[{a.size}];")
+            lines.append(f"    {a.name}_c[{var}] = {expr};")
         out = []
         for (var, spans), (decls, lines) in groups.items():
             out += decls
             for lo, hi in spans:
                 out += [f"for (int64_t {var} = {lo}; {var} < {hi}; ++{var})", "{", *lines, "}"]
         return out
+
+
+@dataclass
+class _Array:
+    """A per-channel array: its length is the whole loop's; ``ranges``: where it is filled (half-open)."""
+    name: str
+    ctype: str
+    size: int
+    ranges: list = field(default_factory=list)
+
+    def fill(self, r: tuple) -> None:
+        if r not in self.ranges:
+            self.ranges.append(r)
 
 
 def _spans(ranges: list) -> tuple:

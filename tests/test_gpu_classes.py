@@ -57,3 +57,17 @@ def test_item_equal_to_one_feeds_a_kernel():
         for data in ([[1.0, -2.0, -3.0]], [[1.0, 2.0, -3.0]], [[-1.0, -2.0, 0.5]]):
             x = torch.tensor(data, device="cuda")
             torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_a_kernel_writing_a_buffer_with_gaps_is_autotuned_on_a_copy_with_its_strides():
+    """GPT-2's query: the bias add writes q into eager's strides for the attention extern, with
+    gaps (a view of the fused qkv projection). Autotuning timed the kernel on a ``clone()``,
+    contiguous, which the kernel wrote past its end: an illegal address, or wrong logits under
+    CUDA_LAUNCH_BLOCKING (bench_gpu.py's GPT-2 rows, 2026-11-27)."""
+    def f(x, w, b):
+        q, k, v = (x @ w + b).split(64, dim=-1)
+        q, k, v = (t.view(8, 128, 2, 32).transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    x, w, b = torch.randn(8, 128, 64, device="cuda"), torch.randn(64, 192, device="cuda"), torch.randn(192, device="cuda")
+    with patch(fallback_on_error=False, triton_autotune=True):
+        torch.testing.assert_close(_compiled(f)(x, w, b), f(x, w, b), atol=1e-4, rtol=1e-4)

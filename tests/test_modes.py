@@ -213,6 +213,21 @@ def test_max_autotune_widens_the_triton_search(meta):
     assert {c["num_warps"] for c in wide} > {c["num_warps"] for c in usual}
 
 
+def test_timing_runs_on_copies_that_keep_strides_with_gaps():
+    """A buffer with gaps (a view's strides kept for an extern) copied for timing keeps its strides:
+    ``clone()`` made it contiguous and a kernel compiled for the gaps wrote past its end (GPT-2's
+    query on the H200). Both timers: Triton's per-kernel autotune and max-autotune's graph variants."""
+    gapped = torch.randn(4, 4, 8, 12)[..., :4]   # strides (384, 96, 12, 1): gaps between rows
+    x = torch.randn(16)
+    meta = dict(xnumel=512, rnumel=None, persistent=False, written=["out"], args=["x", "out"])
+    trial = TritonKernelLauncher(None, "kernel0", meta, "key", interpret=False).trial_args([x, gapped])
+    assert trial[0] is x and trial[1] is not gapped        # only the written buffer is copied
+    assert trial[1].stride() == gapped.stride() and torch.equal(trial[1], gapped)
+    seen = []
+    autotune.median_call_time(lambda args: seen.append(args[0]), [gapped])
+    assert seen[0] is not gapped and seen[0].stride() == gapped.stride() and torch.equal(seen[0], gapped)
+
+
 # -- CUDA graph bookkeeping, on CPU tensors ------------------------------------------------------
 def test_mutated_inputs_are_found_from_the_aten_graph():
     x, y = torch.randn(4), torch.randn(4)

@@ -35,12 +35,16 @@ from dataclasses import dataclass, field
 import networkx as nx
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_symbols, optimization_hint
+from torch.fx.experimental import symbolic_shapes
+from torch.fx.experimental.symbolic_shapes import free_symbols
 from torch.utils import _pytree as pytree
 
 from minicompile.aot import checkpoint as ckpt
 from minicompile.aot.joint import JointGraph, TrainingUnsupported, is_input_write
 from minicompile.decomp.core_ops import NATIVE_OPS, REDUCTIONS
+
+# torch 2.13's name; torch 2.11 (the GPU machines' torch) calls it hint_int
+optimization_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
 
 # The longest chain of ops backward may recompute (a layer norm followed by an erf GELU is ~10).
 MAX_RECOMPUTE_DEPTH = 16

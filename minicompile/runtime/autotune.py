@@ -22,6 +22,7 @@ import torch
 
 from minicompile.runtime import cache
 from minicompile.runtime.cpp_build import wait_for_background_builds
+from minicompile.runtime.host_pool import copy_with_layout
 
 log = logging.getLogger("minicompile")
 
@@ -52,7 +53,7 @@ def before_timing() -> None:
 
 def median_call_time(run: Callable, example_args: list) -> float:
     before_timing()
-    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in example_args)
+    args = tuple(copy_with_layout(a) if isinstance(a, torch.Tensor) else a for a in example_args)
     run(args)
     times = []
     start = time.perf_counter()

@@ -73,6 +73,12 @@ def take(size, stride, dtype, nbytes: int):
         return t
 
 
+def copy_with_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its sizes and strides, gaps included (``clone()`` makes a tensor with
+    gaps contiguous: a kernel compiled for the gaps would index past its end)."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
 def clear() -> int:
     """Release every idle buffer; returns the bytes released."""
     with _lock:

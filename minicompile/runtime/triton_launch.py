@@ -28,6 +28,7 @@ import torch
 
 from minicompile.config import config
 from minicompile.runtime import cache
+from minicompile.runtime.host_pool import copy_with_layout
 
 _env_lock = threading.Lock()
 
@@ -188,9 +189,7 @@ class TritonKernelLauncher:
 
     def _benchmark(self, options, args, xnumel: int) -> dict:
         from triton.testing import do_bench
-        # buffers the kernel writes are replaced by copies: an in-place kernel run many times
-        # would otherwise corrupt its input
-        trial = [a.clone() if i in self._written_positions(args) else a for i, a in enumerate(args)]
+        trial = self.trial_args(args)
         timings = []
         for c in options:
             try:
@@ -201,6 +200,12 @@ class TritonKernelLauncher:
         if not timings:
             return options[0]
         return min(timings, key=lambda tc: tc[0])[1]
+
+    def trial_args(self, args) -> list:
+        """``args`` for timing: each buffer the kernel writes replaced by a copy with its strides (an
+        in-place kernel run many times would corrupt its input; a contiguous copy of a buffer with
+        gaps would be written past its end)."""
+        return [copy_with_layout(a) if i in self._written_positions(args) else a for i, a in enumerate(args)]
 
     def _written_positions(self, args) -> set:
         return {i for i, n in enumerate(self.arg_names) if n in self.written} if self.arg_names else set(range(len(args)))

@@ -123,13 +123,13 @@ par fuzz 150 "$PY -m minicompile.testing.fuzz --device $DEVICE -n $N_FUZZ --repr
 par fuzz-train 150 "$PY -m minicompile.testing.fuzz_train --device $DEVICE -n $N_TRAIN --repro-dir $LOGS/repros-train"
 par fuzz-dynamic 150 "$PY -m minicompile.testing.fuzz --dynamic --device $DEVICE -n $N_DYN --batch 4 --repro-dir $LOGS/repros-dynamic"
 # the bug classes of testing/fuzz_classes.py (layouts, random ops, GQA attention, unbacked sizes,
-# user text), each with its own seeds and cache, the five at once on a GPU machine (one after
+# user text, concatenations), each with its own seeds and cache, the six at once on a GPU machine (one after
 # another in a dry run: 2 cores); one failing class fails the step
-par fuzz-classes 200 "for c in layout random attention unbacked text; do
+par fuzz-classes 200 "for c in layout random attention unbacked text concat; do
     ( MINICOMPILE_CACHE_DIR=\$MINICOMPILE_CACHE_DIR/\$c $PY -m minicompile.testing.fuzz_classes --class \$c \
       --device $DEVICE --seed 500000 -n $N_CLS --batch 16 --repro-dir $LOGS/repros-classes > $LOGS/class-\$c.log 2>&1;
       echo \$? > $LOGS/class-\$c.rc ) $CLASS_JOIN
-    done; wait; rc=0; for c in layout random attention unbacked text; do echo \"== class \$c\";
+    done; wait; rc=0; for c in layout random attention unbacked text concat; do echo \"== class \$c\";
     cat $LOGS/class-\$c.log; [ \"\$(cat $LOGS/class-\$c.rc 2>/dev/null)\" = 0 ] || rc=1; done; exit \$rc"
 par front-end 150 "MINICOMPILE_CPU_BACKEND=cpp $PY -m pytest -q -p no:cacheprovider $XDIST tests/capture tests/test_front_end.py"
 wait
@@ -147,7 +147,7 @@ row gpu-tests "tests marked gpu: op table as real kernels, CUDA graphs"
 row fuzz "$N_FUZZ random programs on $DEVICE"
 row fuzz-train "$N_TRAIN random training programs on $DEVICE (grads vs eager)"
 row fuzz-dynamic "$N_DYN random programs, symbolic sizes, on $DEVICE"
-row fuzz-classes "$N_CLS programs of each bug class (layout, random, attention, unbacked, text) on $DEVICE"
+row fuzz-classes "$N_CLS programs of each bug class (layout, random, attention, unbacked, text, concat) on $DEVICE"
 row front-end "our front end's tests on Python $("$PY" -c 'import platform; print(platform.python_version())')"
 row bench "benchmarks/bench_gpu.py $BENCH_ARGS"
 say ""

@@ -15,7 +15,7 @@ from minicompile.testing.fuzz_classes import KINDS, check_batch, check_function,
 
 # (class, first seed, programs): seeds chosen in the group (training or not, attention form) shown
 SLICES = [("layout", 32, 3), ("random", 0, 4), ("attention", 160, 3), ("unbacked", 0, 3), ("text", 0, 4),
-          ("convbn", 401018, 2)]
+          ("convbn", 401018, 2), ("concat", 30, 4)]
 
 
 @pytest.mark.parametrize("kind,seed,n", SLICES, ids=[s[0] for s in SLICES])
@@ -29,6 +29,9 @@ def test_slices_cover_the_modes_they_name():
     assert all(generate_for("layout")(32 + k).train for k in range(3))
     assert {generate_for("attention")(160 + k).mode for k in range(3)} == {"flash"}
     assert all(generate_for("attention")(160 + k).train for k in range(3))
+    concat = [generate_for("concat")(30 + k) for k in range(4)]
+    assert [p.train for p in concat] == [False, False, True, True]
+    assert all(any("torch.cat(" in s or "torch.stack(" in s for s in p.steps) for p in concat)
 
 
 def test_a_wrong_compiled_value_is_reported(monkeypatch):

@@ -322,6 +322,29 @@ OPS = [(op_unary, 4), (op_binary, 4), (op_compare, 1), (op_where, 1), (op_reduce
        (op_matmul, 1), (op_norm, 1), (op_cast, 1)]
 
 
+def op_cat(rng, vals):
+    """torch.cat of 2-4 pieces along one dim (values of matching shape, slices of the first, the
+    first again), or torch.stack of same-shaped ones: concatenation readers, sliced or not."""
+    v = rng.choice([v for v in vals if v.tensor.dim() >= 1] or [None])
+    if v is None:
+        return None
+    t, d = v.tensor, rng.randrange(v.tensor.dim())
+    fits = [w for w in vals if w.tensor.dim() == t.dim() and all(
+        a == b for k, (a, b) in enumerate(zip(w.tensor.shape, t.shape)) if k != d)]
+    parts = [v.name]
+    for _ in range(rng.randint(1, 3)):
+        start = rng.randrange(t.shape[d] + 1)
+        length = rng.randrange(t.shape[d] - start + 1)
+        parts.append(rng.choice([rng.choice(fits).name, f"{v.name}.narrow({d}, {start}, {length})"]))
+    rng.shuffle(parts)
+    if rng.random() < 0.25:
+        return f"torch.stack([{', '.join(p for p in parts if '.narrow' not in p)}], {rng.randrange(t.dim() + 1)})"
+    return f"torch.cat([{', '.join(parts)}], {d})"
+
+
+CONCAT_OPS = OPS + [(op_cat, 4)]   # testing/fuzz_classes.py's "concat" class (OPS itself fixes old seeds)
+
+
 # -- generation -----------------------------------------------------------------------------
 
 def _random_shape(rng):

@@ -12,10 +12,10 @@ that broke, with the fuzzer's generator, comparison and shrinking (testing/fuzz.
     text       the fuzzer's programs written to a module file with backslash continuations,
                ``*/``, trigraph-like ``??=``, quotes, non-ASCII, very long names and lines
     convbn     conv / norm / activation stacks trained channels-last, judged against float64
+    concat     torch.cat / torch.stack of values and slices among the fuzzer's ops, read whole or sliced
 
-(docs/testing.md has each class in full.) Training or not, and the attention form, come from a
-program's seed, so a shrunk program keeps them; a batch compiles one graph per (training, form)
-group. Checks run with ``MINICOMPILE_FALLBACK=0``: a failed compile is a finding::
+(docs/testing.md has each class.) Training or not, and the attention form, come from a program's
+seed, a shrunk program keeps them; a batch compiles one graph per (training, form) group. With ``MINICOMPILE_FALLBACK=0``::
 
     python -m minicompile.testing.fuzz_classes --class layout --seed 0 -n 2000 --batch 32
 """
@@ -397,11 +397,12 @@ def generate_for(kind: str):
         if kind == "attention":
             return generate_attention(seed)
         train = (seed // 32) % 2 == 1 and kind != "unbacked"
+        # training: float32/float64 (bf16 gradient noise needs fuzz_train's float64 second opinion)
+        dtypes = [torch.float32, torch.float32, torch.float64] if train else fuzz.FIRST_DTYPES
         args = {"layout": dict(ops=LAYOUT_OPS, make_inputs=layout_inputs, max_steps=7),
                 "random": dict(ops=NONCONTIGUOUS_OPS, make_inputs=random_inputs, max_steps=6),
                 "unbacked": dict(ops=UNBACKED_OPS, make_inputs=unbacked_inputs, max_steps=5),
-                # training: float32/float64 (bf16 gradient noise needs fuzz_train's float64 second opinion)
-                "text": dict(dtypes=[torch.float32, torch.float32, torch.float64] if train else fuzz.FIRST_DTYPES)}[kind]
+                "text": dict(dtypes=dtypes), "concat": dict(ops=fuzz.CONCAT_OPS, max_steps=7, dtypes=dtypes)}[kind]
         prog = fuzz.generate(seed, **args)
         prog = ClassProgram(prog.inputs, prog.steps, prog.outputs, seed, kind=kind, train=train)
         return prog if not train or _eager_trains(prog) else replace(prog, train=False)
@@ -565,7 +566,7 @@ def _eager_accepts(p: ClassProgram) -> bool:
         return False
 
 
-KINDS = ["layout", "random", "attention", "unbacked", "text", "convbn"]
+KINDS = ["layout", "random", "attention", "unbacked", "text", "convbn", "concat"]
 
 
 def run(kind: str, seed: int, n: int, batch: int = 32, repro_dir: str = "fuzz-repros", log=print) -> list:

@@ -44,3 +44,17 @@ def test_shrink_returns_passing_program_unchanged():
     prog = generate(5)
     small, msg = shrink(prog)
     assert msg is None and small is prog
+
+
+def test_a_value_computed_in_float32_is_judged_at_float32s_tolerance():
+    """Seed 7020615 reads float64 but takes erf in float32 (1 ulp from eager's there) and returns
+    it widened: the judge's floor is the least precise dtype the program computes, not only reads.
+    A program computing in float64 keeps float64's tolerance."""
+    import torch
+
+    from minicompile.testing.fuzz import _precision_floor, check_batch
+    assert check_batch([generate(7020615)]) is None
+    x = [torch.randn(3, dtype=torch.float64)]
+    assert _precision_floor(x) is torch.float64
+    assert _precision_floor(x, lambda v: torch.erf(v.float()).double()) is torch.float32
+    assert _precision_floor(x, lambda v: torch.erf(v) + 1) is torch.float64

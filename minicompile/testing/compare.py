@@ -12,6 +12,7 @@ from typing import Mapping
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from minicompile.aot.strides import is_non_overlapping_and_dense
 
@@ -138,3 +139,21 @@ def copy_preserving_strides(t):
 def _viewing(t, storage):
     """A tensor that views ``storage`` as ``t`` views its own (size, strides, offset)."""
     return torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, t.storage_offset(), t.size(), t.stride())
+
+
+class _DtypesComputed(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.dtypes.update(t.dtype for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+def dtypes_computed(fn, args) -> set:
+    """The dtypes of every value ``fn(*args)`` computes (its ops' results), from one eager run on copies."""
+    with _DtypesComputed() as mode:
+        fn(*[copy_preserving_strides(a) if isinstance(a, torch.Tensor) else a for a in args])
+    return mode.dtypes

@@ -420,10 +420,12 @@ def _names(expr: str) -> set:
 _PRECISION = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 
 
-def _precision_floor(inputs):
-    """The least precise float dtype a program reads: its results carry that dtype's rounding even
-    after a cast to a wider type, so they are compared with that dtype's tolerance."""
-    floats = [t.dtype for t in inputs if t.dtype in _PRECISION]
+def _precision_floor(inputs, fn=None):
+    """The least precise float dtype a program reads (or, given ``fn``, computes: float64 inputs
+    through a float32 erf): its results carry that dtype's rounding even after a cast to a wider
+    type, so they are compared with that dtype's tolerance."""
+    dtypes = {t.dtype for t in inputs} | (compare.dtypes_computed(fn, inputs) if fn is not None else set())
+    floats = [d for d in dtypes if d in _PRECISION]
     return min(floats, key=_PRECISION.index) if floats else None
 
 
@@ -459,8 +461,8 @@ def check_batch(programs: list) -> str | None:
         actual = compiled(*[copy_preserving_strides(t) for t in flat])
     except Exception as e:  # noqa: BLE001 - any compile/run error is a finding
         return f"crash: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-    for exp, act, x in zip(expected, actual, inputs):
-        found = mismatch(exp, act, tolerances=_tolerances(_precision_floor(x)))
+    for exp, act, x, fn in zip(expected, actual, inputs, fns):
+        found = mismatch(exp, act, tolerances=_tolerances(_precision_floor(x, fn)))
         if found:
             return found
     return None

@@ -16,7 +16,7 @@ from minicompile.backend import minicompile_backend
 from minicompile.config import MODES, config, graph_knobs, option_names, patch
 from minicompile.pipeline import CompiledGraph
 from minicompile.runtime import autotune, cudagraphs, host_pool
-from minicompile.runtime.cudagraphs import CUDAGraphRunner, copy_in, fresh_outputs, signature
+from minicompile.runtime.cudagraphs import CUDAGraphRunner, copy_in, fresh_outputs, output_plan, signature
 from minicompile.runtime.triton_launch import TritonKernelLauncher
 from tests.helpers import assert_matches_eager
 
@@ -258,7 +258,9 @@ def test_outputs_are_fresh_copies_and_inputs_come_back_as_the_callers_tensors():
     pool = torch.randn(32)
     a, b = pool[:16].view(4, 4), pool[16:].view(4, 4)     # two outputs sharing one pool buffer
     caller = torch.randn(4, 4)
-    outs = fresh_outputs((a, b, static_in, static_in[1], 7), (static_in,), (caller,))
+    handout = output_plan((a, b, static_in, static_in[1], 7), (static_in,))   # once per recording
+    pool.copy_(torch.randn(32))             # a replay writes the pool: each call copies what it holds then
+    outs = fresh_outputs(handout, (caller,))
     assert torch.equal(outs[0], a) and torch.equal(outs[1], b)
     assert outs[0].untyped_storage().data_ptr() != pool.untyped_storage().data_ptr()
     assert outs[0].untyped_storage().data_ptr() == outs[1].untyped_storage().data_ptr()  # still one buffer

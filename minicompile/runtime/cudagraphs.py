@@ -73,20 +73,21 @@ class Recording:
     def __init__(self, fn: Callable, args, static: frozenset):
         self.inputs = tuple(a if i in static or not isinstance(a, torch.Tensor) else static_copy(a)
                             for i, a in enumerate(args))
+        self.copied = [(i, s) for i, (s, a) in enumerate(zip(self.inputs, args)) if s is not a]
         self._copy_in(args)  # the warm-up sees real values: garbage indices would fault the device
         self.graph, self.outputs = capture(fn, self.inputs)
+        self.handout = output_plan(self.outputs, self.inputs)   # fixed memory: planned once
 
     def replay(self, args, mutated: tuple):
         self._copy_in(args)
         self.graph.replay()
         for i in mutated:
             copy_in(args[i], self.inputs[i])
-        return fresh_outputs(self.outputs, self.inputs, args)
+        return fresh_outputs(self.handout, args)
 
     def _copy_in(self, args):
-        for static, a in zip(self.inputs, args):
-            if static is not a and isinstance(a, torch.Tensor):
-                copy_in(static, a)
+        for i, static in self.copied:
+            copy_in(static, args[i])
 
 
 def capture(fn: Callable, inputs) -> tuple:
@@ -122,13 +123,8 @@ def _syncs_raise():
 
 def signature(args, static: frozenset) -> tuple:
     """What a recording is specialised to: layouts, non-tensor values, static inputs' addresses."""
-    key = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            key.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.data_ptr() if i in static else None))
-        else:
-            key.append((type(a), a))
-    return tuple(key)
+    return tuple((a.shape, a.stride(), a.dtype, a.device, a.data_ptr() if i in static else None)
+                 if isinstance(a, torch.Tensor) else (type(a), a) for i, a in enumerate(args))
 
 
 def static_copy(t: torch.Tensor) -> torch.Tensor:
@@ -145,27 +141,38 @@ def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def fresh_outputs(outputs, static_inputs, args) -> tuple:
-    """The replay's outputs as the caller may keep them: copies of the pool's storages (outputs
-    sharing a storage share the copy), and the caller's own tensors for outputs that are inputs."""
+def output_plan(outputs, static_inputs) -> tuple:
+    """How a recording hands out each output, decided once (its memory never moves): (plan, pool
+    storages), the plan holding ("input", i, o, static) for (a view of) static input i, ("copy", k, o)
+    for a view of pool storage k (outputs sharing a storage share its copy), else ("value", o)."""
     by_storage = {}
     for i, s in enumerate(static_inputs):
         if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr():  # empty tensors share address 0
             by_storage.setdefault(s.untyped_storage().data_ptr(), i)
-    copies = {}
-    out = []
+    plan, index = [], {}
     for o in outputs:
-        if not isinstance(o, torch.Tensor):
-            out.append(o)
-            continue
-        ptr = o.untyped_storage().data_ptr()
-        if ptr in by_storage:
-            out.append(_as_caller_tensor(o, static_inputs[by_storage[ptr]], args[by_storage[ptr]]))
-            continue
-        if ptr not in copies:
-            copies[ptr] = o.untyped_storage().clone()
-        out.append(torch.empty(0, dtype=o.dtype, device=o.device).set_(copies[ptr], o.storage_offset(),
-                                                                        o.size(), o.stride()))
+        ptr = o.untyped_storage().data_ptr() if isinstance(o, torch.Tensor) else None
+        if ptr is None:
+            plan.append(("value", o))
+        elif ptr in by_storage:
+            plan.append(("input", by_storage[ptr], o, static_inputs[by_storage[ptr]]))
+        else:
+            plan.append(("copy", index.setdefault(ptr, (len(index), o.untyped_storage()))[0], o))
+    return tuple(plan), tuple(st for _, st in index.values())
+
+
+def fresh_outputs(handout, args) -> tuple:
+    """The replay's outputs as the caller may keep them (``output_plan``): views of fresh copies of
+    the pool's storages, and the caller's own tensors for outputs that are inputs."""
+    plan, storages = handout
+    copies = [st.clone() for st in storages]
+    out = []
+    for how, *what in plan:
+        if how == "copy":
+            k, o = what
+            out.append(torch.empty(0, dtype=o.dtype, device=o.device).set_(copies[k], o.storage_offset(), o.size(), o.stride()))
+        else:
+            out.append(_as_caller_tensor(what[1], what[2], args[what[0]]) if how == "input" else what[0])
     return tuple(out)
 
 

@@ -260,3 +260,19 @@ def test_sums_over_expanded_dimensions_are_one_multiply():
     for n in (5, 7):
         z = torch.tensor([[-0.0]]).expand(3, n)
         assert all((s == torch.inf).all() for s in signs(z)), n
+
+
+def test_embedding_rejects_a_negative_index_as_eager_does():
+    # decomp/indexing.py lowered embedding to index.Tensor, which wraps -1 to the last row: the
+    # compiled lookup returned a row where eager's embedding (index_select) raises IndexError
+    emb = torch.nn.Embedding(10, 4)
+    fn = torch.compile(lambda ids: emb(ids) * 2, backend="minicompile")
+    with torch.no_grad():
+        ids = torch.tensor([[1, 2], [3, 9]])
+        assert torch.equal(fn(ids), emb(ids) * 2)
+        for bad in ([[1, -1], [3, 9]], [[1, 10], [3, 9]]):
+            with pytest.raises(IndexError):
+                emb(torch.tensor(bad))
+            with pytest.raises(IndexError):
+                fn(torch.tensor(bad))
+

@@ -260,3 +260,40 @@ def test_sums_over_expanded_dimensions_are_one_multiply():
     for n in (5, 7):
         z = torch.tensor([[-0.0]]).expand(3, n)
         assert all((s == torch.inf).all() for s in signs(z)), n
+
+
+def test_embedding_rejects_a_negative_index_as_eager_does():
+    # decomp/indexing.py lowered embedding to index.Tensor, which wraps -1 to the last row: the
+    # compiled lookup returned a row where eager's embedding (index_select) raises IndexError
+    emb = torch.nn.Embedding(10, 4)
+    fn = torch.compile(lambda ids: emb(ids) * 2, backend="minicompile")
+    with torch.no_grad():
+        ids = torch.tensor([[1, 2], [3, 9]])
+        assert torch.equal(fn(ids), emb(ids) * 2)
+        for bad in ([[1, -1], [3, 9]], [[1, 10], [3, 9]]):
+            with pytest.raises(IndexError):
+                emb(torch.tensor(bad))
+            with pytest.raises(IndexError):
+                fn(torch.tensor(bad))
+
+
+def test_gathers_at_computed_positions_are_index_math():
+    # lowering/gathers.py: Hugging Face's masks index a tensor with aranges (x[batch_idx, q_idx]);
+    # those read x at an index expression, no extern call; indices from memory, or ones that may
+    # be out of bounds, stay extern calls that check each index as eager does
+    def masks(x, cs):
+        b, q, k = torch.arange(4)[:, None, None, None], torch.arange(8)[None, None, :, None], torch.arange(8)
+        pos = torch.arange(8).unsqueeze(0).expand(4, -1)
+        return ((pos[b, k] <= pos[b, q]) & (cs[b, q] == cs[b, k]), x[:, torch.arange(3) * 2 + 1],
+                x.index_select(1, torch.arange(5) + 1), x[:, :, torch.arange(3) - 5],
+                x[torch.arange(4)[:, None], :, torch.arange(2)], x[None, 1:3, torch.arange(2) * -1 + 1])
+    x, cs = torch.randn(4, 6, 5), torch.randint(0, 3, (4, 8)).cumsum(-1)
+    c = check(masks, x, cs)
+    assert not c.externs, c.explain()
+    c = check(lambda x, i: (x[:, i], x.index_select(2, i + 2)), x, torch.tensor([0, -1, 2]))
+    assert [e.op for e in c.externs] == ["aten::index.Tensor", "aten::index_select"], c.externs
+    for past_the_end in (lambda x: x[:, torch.arange(6) + 1], lambda x: x.index_select(2, torch.arange(5) - 5)):
+        with pytest.raises(IndexError):
+            past_the_end(x)
+        with pytest.raises(IndexError):
+            torch.compile(past_the_end, backend="minicompile")(x)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
-
 import torch
 import torch.nn as nn
 
@@ -43,9 +41,6 @@ def _stored(kernel) -> list:
     return [n for n in kernel.nodes if n.name not in kernel.local | kernel.scratch]
 
 
-@pytest.mark.xfail(strict=True, reason="extern arguments no longer realize the value they view and view it "
-                   "(lowering/graph.py extern): that path gave wrong forward values on training-fuzz seeds "
-                   "710479, 711323 and 711780; off until its aliasing is fixed")
 def test_a_softmax_read_by_a_bmm_and_saved_for_backward_is_stored_once(fresh_dynamo):
     """The attention's probabilities reach the bmm through a view and are saved for backward;
     the extern used to realize the view and the output the softmax itself: two buffers."""
@@ -55,9 +50,6 @@ def test_a_softmax_read_by_a_bmm_and_saved_for_backward_is_stored_once(fresh_dyn
     assert len(_stored(softmax)) == 1, [n.name for n in _stored(softmax)]
 
 
-@pytest.mark.xfail(strict=True, reason="extern arguments no longer realize the value they view and view it "
-                   "(lowering/graph.py extern): that path gave wrong forward values on training-fuzz seeds "
-                   "710479, 711323 and 711780; off until its aliasing is fixed")
 def test_a_value_read_by_an_extern_through_a_view_is_one_buffer():
     """Inference too: ``s`` is an output and the bmm reads ``s`` viewed as 3-d."""
     def fn(a, v):

@@ -128,11 +128,12 @@ def test_zero_dim_inputs_combine_with_blocks():
 
 
 def test_embedding_gather_runs_as_an_extern_between_kernels():
-    """A gather has no native lowering (eager raises on an out-of-range index, a kernel cannot):
-    the Triton path calls eager's index and feeds its result to the next kernel."""
+    """A gather of indices from memory has no native lowering (eager raises on an out-of-range index,
+    a kernel cannot): the Triton path calls eager's index_select (ATen's embedding) and feeds its
+    result to the next kernel."""
     w = torch.randn(10, 8)
     c = check(lambda idx, w: F.embedding(idx, w) * 2, torch.tensor([[1, 2], [9, 0]]), w)
-    assert [e.op for e in c.externs] == ["aten::index.Tensor"] and c.num_kernels == 1
+    assert [e.op for e in c.externs] == ["aten::index_select"] and c.num_kernels == 1
 
 
 # -- readability: the generated source ------------------------------------------------------------

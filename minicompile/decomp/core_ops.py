@@ -67,7 +67,7 @@ NATIVE_OPS: frozenset = frozenset(
     POINTWISE + POINTWISE_OWN_LOWERING + CREATION_AND_COPIES + REDUCTIONS + VIEWS + STRUCTURAL)
 
 # Gathers (embedding, nll_loss) run as eager calls: eager checks every index is in bounds and
-# raises, which a generated loop cannot do.
+# raises, which a generated loop cannot do; indices computed from positions are index math.
 EXTERN_INDEXING_OPS: frozenset = frozenset(_overloads("index.Tensor index_select gather"))
 CORE_OPS: frozenset = NATIVE_OPS | EXTERN_INDEXING_OPS
 

@@ -66,6 +66,7 @@ class GraphLowering:
     bound: dict = field(default_factory=dict)          # symbol the graph computes -> (buffer, dim or None)
     checked_equal: dict = field(default_factory=dict)  # size -> a size a run-time check found it equal to
     records: dict = field(default_factory=dict)        # lazy value -> its loader run on a RecordOps
+    stored_roots: dict = field(default_factory=dict)   # FX node -> its lazy value, which a view of it stored
     _counter: int = 0
 
     def recorded(self, value) -> RecordOps:
@@ -324,7 +325,9 @@ class GraphLowering:
             if isinstance(value, TensorValue) and reads_storage:
                 self.env[n] = self.storage_view(value, n)
             elif isinstance(value, TensorValue) and not isinstance(value, StorageView):
-                self.env[n] = self.realize_as_node(value, n, padded=True)
+                # a view as large as the value it views (a reshape, not a slice) shares that value's memory
+                whole = isinstance(value, ReindexView) and _at_least(prod(value.size), prod(self.view_root(value, n)[0].size))
+                self.env[n] = (self.realize_through_views if whole else self.realize_as_node)(value, n, padded=True)
         args = torch.fx.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.map_arg(node.kwargs, lambda n: self.env[n])
 
@@ -368,25 +371,39 @@ class GraphLowering:
             else:
                 self.outputs.append(out)
 
-    def realize_through_views(self, value: TensorValue, node) -> StorageView:
-        """Memory for ``node``'s value with eager's strides (outputs). A view of a lazy value realizes the
-        value it views (once: the viewed node's env entry becomes that memory) and returns a view
-        of it, as eager aliases them. Realizing the view itself instead gave the viewed value no
-        memory, so its other readers stored it a second time (a softmax read by a bmm through a
-        view and saved for backward: two buffers) or recomputed it from its inputs."""
+    def realize_through_views(self, value: TensorValue, node, padded: bool = False) -> StorageView:
+        """Memory for ``node``'s value with eager's strides (outputs, extern arguments). A view of a lazy
+        value realizes the value it views (once: the viewed node's env entry becomes that memory) and
+        returns a view of it, as eager aliases them. Realizing the view itself instead gave the viewed
+        value no memory, so its other readers stored it a second time (a softmax read by a bmm through
+        a view and saved for backward: two buffers; the normalised rows Llama's query, key and value
+        products read through views of their own: three) or recomputed it from its inputs."""
         if isinstance(value, StorageView):
             return value
         if isinstance(value, ReindexView):
-            root, root_node = _view_root(value, node)
-            if root_node is not None and not isinstance(root, ReindexView) and _aliases(node, root_node):
-                base = self.realize_as_node(root, root_node)
+            root, root_node = self.view_root(value, node)
+            if root_node is not None and _aliases(node, root_node):
+                stored = self.stored_roots.get(root_node) is root
+                base = self.env[root_node] if stored else self.realize_as_node(root, root_node)
                 if self.env.get(root_node) is root:
-                    self.env[root_node] = base
+                    self.env[root_node], self.stored_roots[root_node] = base, root
                 meta = node.meta["val"]
                 view = StorageView(base.buffer, shape_of(meta), strides_of(meta), sym_value(meta.storage_offset()))
                 if _same_memory(base, root_node.meta["val"]) and _at_least(view.buffer.layout.storage_numel(), _view_extent(view)):
                     return view
-        return self.realize_as_node(value, node)
+        return self.realize_as_node(value, node, padded)
+
+    def view_root(self, value, node):
+        """The value a chain of views views, and the FX node on ``node``'s chain of first arguments
+        that holds it (None if none does). Not one node a view: a view may return its input unchanged
+        (an expand to the same size), and the node one step further back then held another value
+        (a square matrix's transpose, whose strides read the stored root wrongly: fuzz seed 711780)."""
+        root = value
+        while isinstance(root, ReindexView):
+            root = root.base
+        while node is not None and self.env.get(node) is not root and self.stored_roots.get(node) is not root:
+            node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        return root, node
 
 
 def user_sources(gm: torch.fx.GraphModule) -> dict:
@@ -432,14 +449,6 @@ def _record_origins(value, node, args) -> None:
         if isinstance(leaf, (Lazy, ReindexView)):
             names += leaf.origins
     value.origins = list(dict.fromkeys(names + [node.name]))
-
-
-def _view_root(value, node):
-    """Follow a chain of view nodes back to the value they view, and its FX node."""
-    while isinstance(value, ReindexView) and node is not None:
-        value = value.base
-        node = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
-    return value, node
 
 
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:

@@ -290,6 +290,8 @@ def test_gathers_at_computed_positions_are_index_math():
     x, cs = torch.randn(4, 6, 5), torch.randint(0, 3, (4, 8)).cumsum(-1)
     c = check(masks, x, cs)
     assert not c.externs, c.explain()
+    c = check(lambda x: (x[:, torch.arange(5) // 2], x[torch.where(torch.arange(4) > 1, torch.arange(4), 0)]), x)
+    assert len(c.externs) == 2   # floor division, where: not index expressions the probe follows
     c = check(lambda x, i: (x[:, i], x.index_select(2, i + 2)), x, torch.tensor([0, -1, 2]))
     assert [e.op for e in c.externs] == ["aten::index.Tensor", "aten::index_select"], c.externs
     for past_the_end in (lambda x: x[:, torch.arange(6) + 1], lambda x: x.index_select(2, torch.arange(5) - 5)):

@@ -20,6 +20,9 @@ class IndexProbe:
     """An ops handler that evaluates a body to an Expr: index_expr and integer constants are values,
     add / sub / mul combine them; a load or any other op raises NotSymbolic."""
 
+    def __getattr__(self, op):   # where, floordiv, a reduction...: not an index expression
+        raise NotSymbolic(f"the op {op}")
+
     def load(self, name, index, dtype):
         raise NotSymbolic(f"a load of {name}")
 

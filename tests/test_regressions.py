@@ -292,6 +292,7 @@ def test_gathers_at_computed_positions_are_index_math():
     assert not c.externs, c.explain()
     c = check(lambda x: (x[:, torch.arange(5) // 2], x[torch.where(torch.arange(4) > 1, torch.arange(4), 0)]), x)
     assert len(c.externs) == 2   # floor division, where: not index expressions the probe follows
+    check(lambda s: s.index_select(0, torch.arange(1)), torch.tensor(3.0))   # a 0-d input (OpInfo's sample)
     c = check(lambda x, i: (x[:, i], x.index_select(2, i + 2)), x, torch.tensor([0, -1, 2]))
     assert [e.op for e in c.externs] == ["aten::index.Tensor", "aten::index_select"], c.externs
     for past_the_end in (lambda x: x[:, torch.arange(6) + 1], lambda x: x.index_select(2, torch.arange(5) - 5)):

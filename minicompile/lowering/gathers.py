@@ -67,6 +67,8 @@ def _shift(e: Expr | None, size, wraps: bool) -> int | None:
 
 def gather(node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
     """``x[indices]`` (``None`` takes a whole dim) as a read of ``x`` at index expressions."""
+    if len(indices) != len(x.size):   # index_select of a 0-d tensor treats it as 1-d
+        raise Unsupported(f"{len(indices)} indices for a {len(x.size)}-d tensor")
     adv = [d for d, t in enumerate(indices) if t is not None]
     nb = node.meta["val"].dim() - (len(x.size) - len(adv))   # the broadcast index tensors' dims
     shifts = [_shift(index_expression(indices[d], iteration_vars(indices[d].size)), x.size[d], wraps) for d in adv]

@@ -224,8 +224,10 @@ def test_timing_runs_on_copies_that_keep_strides_with_gaps():
     assert trial[0] is x and trial[1] is not gapped        # only the written buffer is copied
     assert trial[1].stride() == gapped.stride() and torch.equal(trial[1], gapped)
     seen = []
-    autotune.median_call_time(lambda args: seen.append(args[0]), [gapped])
-    assert seen[0] is not gapped and seen[0].stride() == gapped.stride() and torch.equal(seen[0], gapped)
+    expanded = torch.randn(1, 5).expand(3, 5)              # an input broadcast by the caller: strides (0, 1)
+    autotune.median_call_time(lambda args: seen.append(args), [gapped, expanded])
+    assert seen[0][0] is not gapped and seen[0][0].stride() == gapped.stride() and torch.equal(seen[0][0], gapped)
+    assert seen[0][1].stride() == (0, 1) and torch.equal(seen[0][1], expanded)
 
 
 # -- CUDA graph bookkeeping, on CPU tensors ------------------------------------------------------

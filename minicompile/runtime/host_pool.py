@@ -74,9 +74,11 @@ def take(size, stride, dtype, nbytes: int):
 
 
 def copy_with_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with its sizes and strides, gaps included (``clone()`` makes a tensor with
-    gaps contiguous: a kernel compiled for the gaps would index past its end)."""
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    """A copy of ``t`` viewing a copy of its whole storage as ``t`` views its own: sizes, strides
+    with gaps or zeros (an expanded input), offset. ``clone()`` makes a tensor with gaps contiguous
+    (a kernel compiled for the gaps indexes past its end); copying into an expanded tensor raises."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
 
 
 def clear() -> int:

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minicompile.aot.strides import is_non_overlapping_and_dense
+from minicompile.runtime.host_pool import copy_with_layout
 
 # (rtol, atol) per dtype. Generated code computes in a different order and with libm/SIMD
 # transcendental functions, so float32 allows a few hundred ulps; bf16/fp16 are computed in
@@ -131,8 +132,7 @@ def copy_preserving_strides(t):
     """A fresh copy of ``t`` with the same size and strides (so non-contiguous inputs stay so)."""
     if not isinstance(t, torch.Tensor):
         return t
-    # copy the whole storage and view it the same way: also right for expanded (stride-0) inputs
-    out = _viewing(t, t.untyped_storage().clone())
+    out = copy_with_layout(t)   # the whole storage, viewed the same way: expanded (stride-0) inputs too
     return out.detach().requires_grad_(t.requires_grad) if t.requires_grad else out
 
 

@@ -143,8 +143,9 @@ def copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def output_plan(outputs, static_inputs) -> tuple:
     """How a recording hands out each output, decided once (its memory never moves): (plan, pool
-    storages), the plan holding ("input", i, o, static) for (a view of) static input i, ("copy", k, o)
-    for a view of pool storage k (outputs sharing a storage share its copy), else ("value", o)."""
+    storages), the plan holding (how, position, output, static input) per output: ("input", i, o,
+    static) for (a view of) static input i, ("copy", k, o, None) for a view of pool storage k
+    (outputs sharing a storage share its copy), ("value", None, o, None) for a non-tensor."""
     by_storage = {}
     for i, s in enumerate(static_inputs):
         if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr():  # empty tensors share address 0
@@ -153,11 +154,11 @@ def output_plan(outputs, static_inputs) -> tuple:
     for o in outputs:
         ptr = o.untyped_storage().data_ptr() if isinstance(o, torch.Tensor) else None
         if ptr is None:
-            plan.append(("value", o))
+            plan.append(("value", None, o, None))
         elif ptr in by_storage:
             plan.append(("input", by_storage[ptr], o, static_inputs[by_storage[ptr]]))
         else:
-            plan.append(("copy", index.setdefault(ptr, (len(index), o.untyped_storage()))[0], o))
+            plan.append(("copy", index.setdefault(ptr, (len(index), o.untyped_storage()))[0], o, None))
     return tuple(plan), tuple(st for _, st in index.values())
 
 
@@ -167,12 +168,10 @@ def fresh_outputs(handout, args) -> tuple:
     plan, storages = handout
     copies = [st.clone() for st in storages]
     out = []
-    for how, *what in plan:
+    for how, k, o, static in plan:
         if how == "copy":
-            k, o = what
-            out.append(torch.empty(0, dtype=o.dtype, device=o.device).set_(copies[k], o.storage_offset(), o.size(), o.stride()))
-        else:
-            out.append(_as_caller_tensor(what[1], what[2], args[what[0]]) if how == "input" else what[0])
+            o = torch.empty(0, dtype=o.dtype, device=o.device).set_(copies[k], o.storage_offset(), o.size(), o.stride())
+        out.append(_as_caller_tensor(o, static, args[k]) if how == "input" else o)
     return tuple(out)
 
 

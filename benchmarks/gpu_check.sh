@@ -36,11 +36,12 @@ export HF_HUB_OFFLINE=1
 if [ "$DRY" = 1 ]; then
     DEVICE=cpu; export MINICOMPILE_CPU_BACKEND=triton   # Triton's interpreter stands in for the GPU
     N_FUZZ=4; N_TRAIN=2; N_DYN=2; N_CLS=2; CLASS_JOIN=";"; BENCH_ARGS="--dry-run --only kernels"
+    SLOW=2   # two cores shared by every step: twice the time limits
     # the GPU tests skip here; run one op-table case in the interpreter to exercise the step
     GPU_TESTS="tests/test_triton.py -k 'gpu or (test_matches_eager_triton and add)'"
 else
     DEVICE=cuda
-    N_FUZZ=400; N_TRAIN=150; N_DYN=48; N_CLS=32; CLASS_JOIN="&"; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
+    N_FUZZ=400; N_TRAIN=150; N_DYN=48; N_CLS=32; CLASS_JOIN="&"; SLOW=1; BENCH_ARGS="${MINICOMPILE_GPU_BENCH_ARGS:---reps 30}"
     GPU_TESTS="-m gpu tests/test_triton.py tests/test_modes.py tests/test_gpu_classes.py"
 fi
 
@@ -125,13 +126,13 @@ par fuzz-dynamic 150 "$PY -m minicompile.testing.fuzz --dynamic --device $DEVICE
 # the bug classes of testing/fuzz_classes.py (layouts, random ops, GQA attention, unbacked sizes,
 # user text, concatenations), each with its own seeds and cache, the six at once on a GPU machine (one after
 # another in a dry run: 2 cores); one failing class fails the step
-par fuzz-classes 200 "for c in layout random attention unbacked text concat; do
+par fuzz-classes $((200 * SLOW)) "for c in layout random attention unbacked text concat; do
     ( MINICOMPILE_CACHE_DIR=\$MINICOMPILE_CACHE_DIR/\$c $PY -m minicompile.testing.fuzz_classes --class \$c \
       --device $DEVICE --seed 500000 -n $N_CLS --batch 16 --repro-dir $LOGS/repros-classes > $LOGS/class-\$c.log 2>&1;
       echo \$? > $LOGS/class-\$c.rc ) $CLASS_JOIN
     done; wait; rc=0; for c in layout random attention unbacked text concat; do echo \"== class \$c\";
     cat $LOGS/class-\$c.log; [ \"\$(cat $LOGS/class-\$c.rc 2>/dev/null)\" = 0 ] || rc=1; done; exit \$rc"
-par front-end 150 "MINICOMPILE_CPU_BACKEND=cpp $PY -m pytest -q -p no:cacheprovider $XDIST tests/capture tests/test_front_end.py"
+par front-end $((150 * SLOW)) "MINICOMPILE_CPU_BACKEND=cpp $PY -m pytest -q -p no:cacheprovider $XDIST tests/capture tests/test_front_end.py"
 wait
 for name in gpu-tests fuzz fuzz-train fuzz-dynamic fuzz-classes front-end; do
     read -r RC[$name] SECS[$name] < "$LOGS/$name.rc" 2>/dev/null || { RC[$name]=1; SECS[$name]=0; }

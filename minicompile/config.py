@@ -140,8 +140,10 @@ class Config:
     cpu_gemm: str = knob(
         "MINICOMPILE_CPU_GEMM", "auto", "CPU float32 matrix products: `auto` runs each shape with MKL's "
         "sgemm (`aten.mm`, as eager) unless oneDNN's matmul measured more than 10% faster on this machine "
-        "(once per shape and thread count, remembered in the cache); `mkl` or `onednn` pins the library",
-        choices=("auto", "mkl", "onednn"))
+        "(once per shape and thread count, remembered in the cache); `mkl` or `onednn` pins the library. "
+        "Where weights are prepared, a product of a weight runs our packed-weight template where that measured "
+        "5% faster than the library (cpu/gemm_template.py); `template` pins it there (MKL elsewhere)",
+        choices=("auto", "mkl", "onednn", "template"))
     cpu_narrow_gemm: str = knob(
         "MINICOMPILE_CPU_NARROW_GEMM", "auto", "CPU bfloat16/float16 matrix products (mm, bmm; autocast's): "
         "`auto` runs them with the library's narrow kernel, as eager, on a CPU with instructions for the "

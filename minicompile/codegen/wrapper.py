@@ -34,6 +34,7 @@ from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, Mul
                                   contiguous_strides)
 from minicompile.runtime import host_pool
 from minicompile.runtime.extern_args import ALIGNED_ROW_ARGS, aligned_rows, fast_call
+from minicompile.runtime.packed_gemm import packed_mm, packed_mm_into
 from minicompile.runtime.prepared import CachedPreparation
 from minicompile.scheduler.fusion import Schedule, TemplateKernel
 from minicompile.scheduler.kernel import FusedKernel
@@ -154,8 +155,9 @@ class WrapperCode:
             if writes_out(b):  # into its own buffer, already in the layout kernels index
                 out_op = OUT_VARIANTS[b.op]
                 lines.append(self._alloc(b, pool, outputs))
+                shown = out_op if isinstance(out_op, torch._ops.OpOverload) else out_op.__name__
                 lines.append(f"{self._ref(fast_call(out_op))}({args}, out={b.name})  # "
-                             + comment_text(f"{out_op} into {b.name}: {b.reason}"))
+                             + comment_text(f"{shown} into {b.name}: {b.reason}"))
             else:
                 lines.append(f"{b.name} = {self._ref(fast_call(b.op))}({args})  "
                              f"# {comment_text(f'{b.op}: {b.reason}')}")
@@ -286,7 +288,8 @@ class WrapperCode:
 # Library calls that write into a buffer the wrapper gives them, as kernels do: their results come
 # from the buffer pool and the dead-buffer reuse, not a fresh allocation whose pages are faulted in
 # again on every call once glibc has returned them (measured in docs/models.md).
-OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.bmm.default: torch.ops.aten.bmm.out}
+OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.bmm.default: torch.ops.aten.bmm.out,
+                packed_mm._opoverload: packed_mm_into}
 
 
 def writes_out(b) -> bool:

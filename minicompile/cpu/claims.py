@@ -59,7 +59,7 @@ def gemm_decision(mat1, mat2, measure: bool = True) -> Decision | None:
     if pinned:
         return Decision(mode, pinned)
     m, k, n = (size_hint(s) for s in (*mat1.shape, mat2.shape[1]))
-    layouts = (_layout(mat1), _layout(mat2))
+    layouts = (matrix_layout(mat1), matrix_layout(mat2))
     key, candidates = _gemm_candidates(m, k, n, *layouts)
     what = f"mm {m}x{k}x{n} ({layouts[0]} @ {layouts[1]})"
     if not measure:
@@ -110,7 +110,7 @@ def size_hint(size) -> int:
     return size if isinstance(size, int) else size.node.hint
 
 
-def _layout(t) -> str:
+def matrix_layout(t) -> str:
     return "row" if t.stride(1) == 1 else "column" if t.stride(0) == 1 else "strided"
 
 

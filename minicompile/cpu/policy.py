@@ -4,7 +4,8 @@
                     as eager's flash kernel or our math form, convolutions fed channels-last
     before_trace    static_inputs: which inputs are parameters or buffers (cpu/prepare.py)
     around_trace    channels-last where it measured faster (cpu/conv_layout.py); measured_first
-    after_trace     fold_conv_bn, pointwise_convs, epilogues (cpu/epilogues.py), extern_reasons
+    after_trace     fold_conv_bn, pointwise_convs, epilogues (cpu/epilogues.py), packed_products
+                    (cpu/gemm_template.py), extern_reasons
     prepare         split_prepared: values from parameters alone, computed once (cpu/prepare.py)
     train_channels_last  a training graph's layout, measured forward and backward (cpu/train_layout.py)
 
@@ -19,6 +20,7 @@ from minicompile.cpu.claims import CPU_CLAIMS, pinned_mode, stamp_extern_reasons
 from minicompile.cpu.conv_layout import (functionalize_channels_last, pointwise_convs_as_linear, pointwise_stays_convolution,
                                          relayout_active)
 from minicompile.cpu.epilogues import fuse_epilogues
+from minicompile.cpu.gemm_template import packed_products
 from minicompile.cpu.prepare import fold_conv_bn, split_prepared, static_inputs
 from minicompile.cpu.timing import measured_first, recording
 from minicompile.cpu.train_layout import channels_last_pays_in_training
@@ -75,6 +77,14 @@ def _epilogues(gm, ctx):
     return gm
 
 
+def _packed_products(gm, ctx):
+    """Products of a prepared weight as our packed-weight template where it measured faster
+    (cpu/gemm_template.py)."""
+    with recording(ctx.choices):
+        packed_products(gm, ctx)
+    return gm
+
+
 def _extern_reasons(gm, ctx):
     """``node.meta["extern_reason"]`` on oneDNN's linear and eager's flash attention (cpu/claims.py)."""
     stamp_extern_reasons(gm)
@@ -89,6 +99,7 @@ CPU = DevicePolicy(
     after_trace=(AtenPass("fold_conv_bn", fold_conv_bn),            # conv * s + t, s and t from parameters
                  AtenPass("pointwise_convs", _pointwise_convs),     # 1x1 conv of NHWC -> oneDNN linear or mm
                  AtenPass("epilogues", _epilogues),                 # activation, residual: oneDNN post-ops
+                 AtenPass("packed_products", _packed_products),     # weight packed once, our AVX2 tiles
                  AtenPass("extern_reasons", _extern_reasons)),      # why each vendor call stays whole
     prepare=(AtenPass("split_prepared", split_prepared),),          # parameter-only values: computed once
     relayout_active=relayout_active,

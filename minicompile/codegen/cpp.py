@@ -17,7 +17,7 @@ import torch
 
 from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import render_columns
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, INDEX_FAULT, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_loops import nest
 from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
 from minicompile.codegen.cpp_flex import render_flex
@@ -26,7 +26,7 @@ from minicompile.codegen.cpp_pieces import table_loop
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
-from minicompile.ir.expr import Expr, atoms_of
+from minicompile.ir.expr import Expr, Var, atoms_of, indirect_atoms
 from minicompile.ir.flex import SCORE, SCORE_INDEX
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import Reduction, is_static
@@ -87,6 +87,7 @@ class CppOps:
         return value
 
     def load(self, name, index, dtype):
+        index = self._checked(index)
         step = next(self.planned)
         if name in self.locals:
             where, value = self.locals[name]
@@ -105,6 +106,15 @@ class CppOps:
         if step.level == "channel":   # read where used: in its filling loop and the kernel's
             return CV(raw, compute_dtype(dtype))
         return self._tmp(compute_dtype(dtype), raw, step)
+
+    def _checked(self, index: Expr) -> Expr:
+        """``index`` with each index in it read from memory (expr.Indirect) read, checked and named."""
+        names = {}
+        for a in indirect_atoms(index):
+            value, step = self.load(a.buffer, a.index, a.dtype), next(self.planned)
+            check = f"mc_index({value}, {_R.render(Expr.of(a.size))}, {a.check}, {a.dim}, {INDEX_FAULT})"
+            names[a] = Var(self._tmp(torch.int64, check, step).expr, a.size)
+        return index.substitute(names) if names else index
 
     def constant(self, value, dtype):
         next(self.planned)
@@ -214,14 +224,16 @@ class CppKernel(KernelRenderer):
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
         self.param_code = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}" for a in self.args]
         self.param_code += [f"int64_t {s}" for s in self.size_args]
+        self.param_code += [f"int64_t* {INDEX_FAULT}"] * self.k.checks_indices()
         return "\n".join(self.header() + self.signature() + ["{"] + self.body_lines + ["}"])
 
     def param_names(self) -> list:
         """The parameters in order, as the wrapper passes them: buffers, then sizes."""
-        return [a.name for a in self.args] + self.size_args
+        return [a.name for a in self.args] + self.size_args + [INDEX_FAULT] * self.k.checks_indices()
 
     def signature(self) -> list:
         comments = [a.describe() for a in self.args] + ["a size, known at call time"] * len(self.size_args)
+        comments += ["out: an index out of bounds (kind, value, dim, size)"] * self.k.checks_indices()
         linkage = "static" if self.in_group else 'extern "C"'  # a group member is called by its group only
         last = len(self.param_code) - 1
         return ([f"{linkage} void {self.k.name}("]

@@ -24,7 +24,7 @@ from minicompile.codegen.cpp_channels import channel_sizes
 from minicompile.codegen.cpp_columns import column_var
 from minicompile.codegen.cpp_ops import literal
 from minicompile.codegen.cpp_pieces import piece_edges, piece_runs
-from minicompile.ir.expr import Expr, Var, atoms_of
+from minicompile.ir.expr import Expr, Var, atoms_of, indirect_atoms
 from minicompile.ir.nodes import Reduction
 from minicompile.ir.ops import compute_dtype
 
@@ -113,6 +113,10 @@ class LevelOps:
         return result
 
     def load(self, name, index, dtype):
+        # an index read from memory: read, then checked where it was read (before the loop if it can be)
+        checks = [self._new(torch.int64, v.level if v.level in ("kernel", "row") else "element", what="index check")
+                  for v in [self.load(a.buffer, a.index, a.dtype) for a in indirect_atoms(index)]]
+        in_loop = any(c.level == "element" for c in checks)
         if name in self.known:
             self.steps.append(Planned(f"load {name}", "known"))
             return self.known[name]
@@ -122,12 +126,12 @@ class LevelOps:
             return self._new(ct, "element", what=what)
         ptr = self.ck.pointer(name)
         read_only, atoms = ptr in self.ck.read_only, atoms_of(index)
-        if self.plan.hoist and read_only and not atoms:
+        if self.plan.hoist and read_only and not atoms and not in_loop and all(c.level == "kernel" for c in checks):
             value = self._new(ct, "kernel", what=what)
-        elif dtype in _FLOATS and read_only and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
+        elif dtype in _FLOATS and read_only and not checks and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
             # read where used, named by its text: two such loads are one value
             value = self._new(ct, "channel", next(iter(atoms)), what=what, key=("raw", ptr, index))
-        elif self.loop_vars is not None and read_only and not atoms & self.loop_vars:
+        elif self.loop_vars is not None and read_only and not atoms & self.loop_vars and not in_loop:
             value = self._new(ct, "row", what=what)
         else:
             value = self._new(ct, "element", what=what)

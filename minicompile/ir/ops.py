@@ -3,7 +3,8 @@ elementwise ops.
 
 A body calls only these methods; a handler decides what they mean:
 
-    load(buffer_name, index: Expr, dtype) -> value     read one element
+    load(buffer_name, index: Expr, dtype) -> value     read one element (the index may hold
+                                                       indices read from memory: expr.Indirect)
     constant(value, dtype) -> value                    a literal
     index_expr(expr: Expr, dtype) -> value             an index as a number (arange, masks)
     to_dtype(x, dtype) -> value                        cast (bf16/fp16 round, compute in fp32)
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, PythonRenderer
+from minicompile.ir.expr import Expr, PythonRenderer, indirect_atoms
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,9 @@ class RecordOps:
     ops_used: set = field(default_factory=set)
     exprs: list = field(default_factory=list)   # the index expressions the body computes with
 
-    def load(self, name, index, dtype):
+    def load(self, name, index, dtype):   # an index read from memory is a read of its buffer first
+        for a in indirect_atoms(index):
+            self.load(a.buffer, a.index, a.dtype)
         self.reads.append(Read(name, index))
         return None
 

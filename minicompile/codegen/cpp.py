@@ -113,7 +113,7 @@ class CppOps:
         for a in indirect_atoms(index):
             value, step = self.load(a.buffer, a.index, a.dtype), next(self.planned)
             check = f"mc_index({value}, {_R.render(Expr.of(a.size))}, {a.check}, {a.dim}, {INDEX_FAULT})"
-            names[a] = Var(self._tmp(torch.int64, check, step).expr, a.size)
+            names[a] = Var(self._tmp(torch.int64, check, step).expr if a.check else value.expr, a.size)
         return index.substitute(names) if names else index
 
     def constant(self, value, dtype):
@@ -121,6 +121,7 @@ class CppOps:
         return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
+        expr = self._checked(expr)
         next(self.planned)
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 

@@ -112,10 +112,17 @@ class LevelOps:
                 self.constants.add(result.key)
         return result
 
+    def _checks(self, index) -> list:
+        """Each index read from memory in ``index`` (expr.Indirect): read, then checked, where it was read."""
+        checks = []
+        for a in indirect_atoms(index):   # as CppOps._checked
+            known, level = a.buffer in self.known, self.load(a.buffer, a.index, a.dtype).level   # known: in registers
+            checks.append(self._new(torch.int64, level if level in ("kernel", "row") and not known else "element",
+                                    what="index check"))
+        return checks
+
     def load(self, name, index, dtype):
-        # an index read from memory: read, then checked where it was read (before the loop if it can be)
-        checks = [self._new(torch.int64, v.level if v.level in ("kernel", "row") else "element", what="index check")
-                  for v in [self.load(a.buffer, a.index, a.dtype) for a in indirect_atoms(index)]]
+        checks = self._checks(index)
         in_loop = any(c.level == "element" for c in checks)
         if name in self.known:
             self.steps.append(Planned(f"load {name}", "known"))
@@ -150,6 +157,7 @@ class LevelOps:
         return v
 
     def index_expr(self, expr, dtype):
+        self._checks(expr)
         self.loads.append((None, expr, "element"))   # compared as a load is (cpp_pieces.piece_runs)
         return self._new(dtype, "element", what="index")
 

@@ -143,10 +143,10 @@ class Clamp(Atom):
 
 @dataclass(frozen=True)
 class Indirect(Atom):
-    """An index read from memory: ``buffer[index]`` (of integer ``dtype``), checked against
-    ``size`` where the kernel reads it. ``check`` is how eager checks it: 2, a negative one wrapped
-    (``x[idx]``, whose IndexError names the index tensor's position ``dim``); 1 and 3, a negative one
-    refused (``index_select``: IndexError, or dim 1's RuntimeError; runtime/index_faults.py)."""
+    """An index read from memory: ``buffer[index]`` (of integer ``dtype``) into ``size`` elements.
+    ``check`` is how the kernel checks it as eager does: 0, it was checked before (it is in bounds);
+    2, a negative one wrapped (``x[idx]``, whose IndexError names the index tensor's position ``dim``);
+    1 and 3, a negative one refused (``index_select``: IndexError, dim 1's RuntimeError)."""
     buffer: str
     index: "Expr"
     dtype: object

@@ -186,7 +186,13 @@ class RecordOps:
     def constant(self, value, dtype):
         return None
 
+    def checks_indices(self) -> bool:
+        """Whether the body checks an index read from memory (an expr.Indirect with a check)."""
+        return any(a.check for e in self.exprs + [r.index for r in self.reads] for a in indirect_atoms(e))
+
     def index_expr(self, expr, dtype):
+        for a in indirect_atoms(expr):
+            self.load(a.buffer, a.index, a.dtype)
         self.exprs.append(expr)
         return None
 

@@ -67,12 +67,14 @@ def _shift(e: Expr | None, size, wraps: bool) -> int | None:
     return size if wraps and isinstance(size, int) and hi < 0 and lo >= -size else None
 
 
-def _from_memory(lw, x: TensorValue, t: TensorValue, d: int, dim: int, check: int):
-    """The index tensor ``t`` of dim ``d`` of ``x`` given memory: ``at(positions)`` an Indirect (see it
-    for ``dim`` and ``check``)."""
+def _from_memory(lw, node, x: TensorValue, t: TensorValue, d: int, dim: int, check: int):
+    """The index tensor ``t`` of dim ``d`` of ``x`` checked whole, as eager checks it (see Indirect for
+    ``dim`` and ``check``), into a buffer of int64 indices in bounds: ``at(positions)`` reads that."""
     v = lw.realize(t)
-    name, stride, offset = v.buffer.name, v.stride, v.offset
-    return lambda pos: Expr.of(Indirect(name, flat_index(pos, stride) + offset, t.dtype, x.size[d], dim, check))
+    name, stride, offset, size = v.buffer.name, v.stride, v.offset, x.size[d]
+    checked = lw.realize(Lazy(torch.int64, t.device, tuple(t.size), lambda ops, idx: ops.index_expr(
+        Expr.of(Indirect(name, flat_index(idx, stride) + offset, t.dtype, size, dim, check)), torch.int64), [node.name]))
+    return lambda pos: Expr.of(Indirect(checked.buffer.name, flat_index(pos, checked.stride), torch.int64, size, dim, 0))
 
 
 def gather(lw, node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
@@ -91,7 +93,7 @@ def gather(lw, node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
     load, ndim = x.loader(), len(x.size)
     # per index tensor: its value at positions, index math where provably in bounds, else read and checked
     reads = {d: (lambda t, s: lambda pos: index_expression(t, pos) + s)(indices[d], s) if s is not None
-             else _from_memory(lw, x, indices[d], d, *((k, 2) if wraps else (d, 3 if d == 1 and ndim > 1 else 1)))
+             else _from_memory(lw, node, x, indices[d], d, *((k, 2) if wraps else (d, 3 if d == 1 and ndim > 1 else 1)))
              for k, (d, s) in enumerate(zip(adv, shifts))}
 
     def at(d, extent):   # index tensor d broadcast to the gathered dims' positions

@@ -18,7 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from minicompile.config import config
-from minicompile.ir.expr import Expr, indirect_atoms, symbols_of
+from minicompile.ir.expr import Expr, symbols_of
 from minicompile.ir.flex import FlexAttention, FlexStat
 from minicompile.ir.graph import LoopGraph, recorded_body
 from minicompile.ir.nodes import ComputedBuffer, ExternKernel, Reduction, ScalarRef, StorageView, is_static, prod
@@ -183,7 +183,7 @@ def _dependencies(graph: LoopGraph, reads: dict) -> dict:
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
     # a write into an input waits for every earlier reader of it, and for every check of an index read
     # from memory (a graph that raises IndexError leaves the caller's tensors as they were)
-    checks = {b.name for b in buffers if isinstance(b, ComputedBuffer) and _checks_indices(b)} \
+    checks = {b.name for b in buffers if isinstance(b, ComputedBuffer) and recorded_body(b).checks_indices()} \
         if any(isinstance(b, ComputedBuffer) and b.mutates for b in buffers) else set()
     for k, b in enumerate(buffers):
         if isinstance(b, ComputedBuffer) and b.mutates:
@@ -381,10 +381,6 @@ def _group_order(groups, group_of, deps):
                 graph.add_edge(a, b)
     assert nx.is_directed_acyclic_graph(graph), "fusion created a cycle"
     return [groups[i] for i in nx.lexicographical_topological_sort(graph)]
-
-
-def _checks_indices(buf: ComputedBuffer) -> bool:
-    return any(indirect_atoms(r.index) for r in recorded_body(buf).reads)
 
 
 def _is_random(buffer) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, flat_index, indirect_atoms, size_value, symbols_of
+from minicompile.ir.expr import Expr, FloorDiv, Mod, Var, flat_index, size_value, symbols_of
 from minicompile.ir.nodes import Buffer, ComputedBuffer, Reduction, is_static, prod
 from minicompile.ir.ops import RecordOps
 
@@ -170,8 +170,8 @@ class FusedKernel:
         return set().union(*map(symbols_of, exprs))
 
     def checks_indices(self) -> bool:
-        """Whether the kernel reads an index from memory (expr.Indirect), which it checks."""
-        return any(indirect_atoms(r.index) for n in self.nodes for r in self.reads(n))
+        """Whether the kernel checks an index read from memory (expr.Indirect)."""
+        return any(self._recorded(n).checks_indices() for n in self.nodes)
 
     def all_indices(self) -> list:
         out = []

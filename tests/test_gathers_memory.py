@@ -90,6 +90,17 @@ def test_out_of_range_raises_as_eager(dtype):
     assert not c.externs
 
 
+def test_every_index_is_checked_where_the_gather_is_read_in_part():
+    # the index tensor is checked whole, before the gather reads it: eager checks every index even
+    # where only a slice of the result is used, or the indexed dim has one element (its index math
+    # reads element 0 whatever the index); found by the gather fuzz class
+    bad = torch.tensor([1, 10, 2])
+    _raises_as_eager(lambda i, w: w[i][:1] * 2, bad, W)
+    _raises_as_eager(lambda i, w: F.embedding(i, w)[0].sum(), bad, W)
+    _raises_as_eager(lambda i, x: x[:, :1][:, i] + 1, torch.tensor([0, -4]), X3)
+    _fused(lambda i, x: x[:, :1][:, i] + 1, torch.tensor([0, -1]), X3)
+
+
 def test_a_kernel_that_raised_is_called_again():
     f = torch.compile(lambda i, w: F.embedding(i, w) * 2, backend="minicompile")
     with pytest.raises(IndexError, match="index out of range in self"):

@@ -1,11 +1,7 @@
-"""Gathers: ``x[idx]``, ``index_select``, embeddings, as reads of ``x`` at index expressions.
-
-Where every index tensor is an index expression (an arange and integer add / sub / mul on it: Hugging
-Face's attention masks, GPT-2's position embedding) whose range lies inside the indexed size, the gather
-reads ``x`` there. Any other index (token ids, T5's position buckets) is read from memory: an
-``Indirect`` atom (ir/expr.py) over the index tensor, given memory, which the C++ kernel checks where it
-reads it, as eager does (codegen/cpp.py), the wrapper raising eager's IndexError. The Triton backend
-keeps the extern call: its kernels have no such check."""
+"""Gathers (``x[idx]``, index_select, embeddings) as reads of ``x`` at index expressions: where an index
+tensor is one (an arange and integer add / sub / mul: Hugging Face's masks) provably in bounds, its
+value; else (token ids, T5's position buckets) an index read from memory (expr.Indirect) from a buffer
+a C++ kernel checked as eager checks it (the wrapper raises eager's error). Triton keeps the extern call."""
 from __future__ import annotations
 
 import torch

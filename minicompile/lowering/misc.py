@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from minicompile.ir.expr import Expr, NotSymbolic, indirect_atoms, size_value
+from minicompile.ir.expr import Expr, NotSymbolic, size_value
 from minicompile.ir.nodes import (ComputedBuffer, InputBuffer, Lazy, Pointwise, ReindexView, StorageView,
                                   iteration_vars, shape_of)
 from minicompile.ir.ops import compute_dtype
@@ -250,10 +250,8 @@ def copy_(lw, node, dst, src, non_blocking=False):
     src = lw.env[node.args[1]] if isinstance(node.args[1], torch.fx.Node) else src
     load = broadcast_loader(src, tuple(dst.size), lw.same_size)
     value = Lazy(dst.dtype, dst.device, tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype))
-    # read all of the old values before any is overwritten; check every index read from memory
-    # before the write (a kernel that raises leaves the caller's tensors as they were)
-    if _reads_elsewhere(lw, value, target) or any(indirect_atoms(r.index) for r in lw.recorded(value).reads):
-        value = lw.realize(src)
+    if _reads_elsewhere(lw, value, target):
+        value = lw.realize(src)  # read all of the old values before any is overwritten
         load = broadcast_loader(value, tuple(dst.size), lw.same_size)
     buf = ComputedBuffer(lw.new_name(), target.layout, [node.name],
                          data=Pointwise(tuple(dst.size), lambda ops, idx: ops.to_dtype(load(ops, idx), dst.dtype)),

@@ -19,14 +19,14 @@ from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import render_columns
 from minicompile.codegen.common import ARG_REDUCTIONS, INDEX_FAULT, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_loops import nest
-from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
+from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, checked_index, literal, template
 from minicompile.codegen.cpp_flex import render_flex
 from minicompile.codegen.same_code import code_key, cpp_forwarder
 from minicompile.codegen.cpp_pieces import table_loop
 from minicompile.codegen.cpp_plan import KernelPlan, Planned, plan_kernel
 from minicompile.codegen.cpp_sums import blocked_loop, blocked_names, partials
 from minicompile.config import config
-from minicompile.ir.expr import Expr, Var, atoms_of, indirect_atoms
+from minicompile.ir.expr import Expr, atoms_of
 from minicompile.ir.flex import SCORE, SCORE_INDEX
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import Reduction, is_static
@@ -87,7 +87,7 @@ class CppOps:
         return value
 
     def load(self, name, index, dtype):
-        index = self._checked(index)
+        index = checked_index(self, index)
         step = next(self.planned)
         if name in self.locals:
             where, value = self.locals[name]
@@ -107,21 +107,12 @@ class CppOps:
             return CV(raw, compute_dtype(dtype))
         return self._tmp(compute_dtype(dtype), raw, step)
 
-    def _checked(self, index: Expr) -> Expr:
-        """``index`` with each index in it read from memory (expr.Indirect) read, checked and named."""
-        names = {}
-        for a in indirect_atoms(index):
-            value, step = self.load(a.buffer, a.index, a.dtype), next(self.planned)
-            check = f"mc_index({value}, {_R.render(Expr.of(a.size))}, {a.check}, {a.dim}, {INDEX_FAULT})"
-            names[a] = Var(self._tmp(torch.int64, check, step).expr if a.check else value.expr, a.size)
-        return index.substitute(names) if names else index
-
     def constant(self, value, dtype):
         next(self.planned)
         return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
-        expr = self._checked(expr)
+        expr = checked_index(self, expr)
         next(self.planned)
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 

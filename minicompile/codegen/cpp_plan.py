@@ -24,9 +24,9 @@ from minicompile.codegen.cpp_channels import channel_sizes
 from minicompile.codegen.cpp_columns import column_var
 from minicompile.codegen.cpp_ops import literal
 from minicompile.codegen.cpp_pieces import piece_edges, piece_runs
-from minicompile.ir.expr import Expr, Var, atoms_of, indirect_atoms
+from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
-from minicompile.ir.ops import compute_dtype
+from minicompile.ir.ops import compute_dtype, indirect_atoms
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _HALF = (torch.bfloat16, torch.float16)
@@ -115,7 +115,7 @@ class LevelOps:
     def _checks(self, index) -> list:
         """Each index read from memory in ``index`` (expr.Indirect): read, then checked, where it was read."""
         checks = []
-        for a in indirect_atoms(index):   # as CppOps._checked
+        for a in indirect_atoms(index):   # as cpp_ops.checked_index
             known, level = a.buffer in self.known, self.load(a.buffer, a.index, a.dtype).level   # known: in registers
             checks.append(self._new(torch.int64, level if level in ("kernel", "row") and not known else "element",
                                     what="index check"))

@@ -143,10 +143,9 @@ class Clamp(Atom):
 
 @dataclass(frozen=True)
 class Indirect(Atom):
-    """An index read from memory: ``buffer[index]`` (of integer ``dtype``) into ``size`` elements.
-    ``check`` is how the kernel checks it as eager does: 0, it was checked before (it is in bounds);
-    2, a negative one wrapped (``x[idx]``, whose IndexError names the index tensor's position ``dim``);
-    1 and 3, a negative one refused (``index_select``: IndexError, dim 1's RuntimeError)."""
+    """An index read from memory, ``buffer[index]`` (of integer ``dtype``), into ``size`` elements. ``check``:
+    0, checked before (in bounds); 2, a negative one wrapped (``x[idx]``, whose IndexError names the index
+    tensor's position ``dim``); 1 and 3, a negative one refused (index_select: IndexError, dim 1's RuntimeError)."""
     buffer: str
     index: "Expr"
     dtype: object
@@ -159,16 +158,6 @@ class Indirect(Atom):
 
     def render(self, r):
         return r.indirect(self)
-
-
-def indirect_atoms(e: Expr) -> list:
-    """The outermost Indirect atoms of ``e`` in order, each once (those inside one: its own index's)."""
-    out = []
-    for a, _ in e.terms:
-        found = [a] if isinstance(a, Indirect) else [] if isinstance(a, (Var, Sym)) else \
-            [x for f in a.factors for x in indirect_atoms(Expr.of(f))] if isinstance(a, Prod) else indirect_atoms(a.arg)
-        out += [x for x in found if x not in out]
-    return out
 
 
 def _atom_key(a: Atom):

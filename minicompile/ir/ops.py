@@ -3,8 +3,7 @@ elementwise ops.
 
 A body calls only these methods; a handler decides what they mean:
 
-    load(buffer_name, index: Expr, dtype) -> value     read one element (the index may hold
-                                                       indices read from memory: expr.Indirect)
+    load(buffer_name, index: Expr, dtype) -> value     read one element (at indices from memory too: expr.Indirect)
     constant(value, dtype) -> value                    a literal
     index_expr(expr: Expr, dtype) -> value             an index as a number (arange, masks)
     to_dtype(x, dtype) -> value                        cast (bf16/fp16 round, compute in fp32)
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, PythonRenderer, indirect_atoms
+from minicompile.ir.expr import Expr, Indirect, Prod, PythonRenderer, Sym, Var
 
 
 @dataclass(frozen=True)
@@ -161,6 +160,16 @@ class PrintOps:
 
     def reduction(self, kind, value):
         return self._emit(f"ops.reduction({kind!r}, {value})")
+
+
+def indirect_atoms(e: Expr) -> list:
+    """The outermost Indirect atoms of ``e`` in order, each once (those inside one: its own index's)."""
+    out = []
+    for a, _ in e.terms:
+        found = [a] if isinstance(a, Indirect) else [] if isinstance(a, (Var, Sym)) else \
+            [x for f in a.factors for x in indirect_atoms(Expr.of(f))] if isinstance(a, Prod) else indirect_atoms(a.arg)
+        out += [x for x in found if x not in out]
+    return out
 
 
 @dataclass(frozen=True)

@@ -113,15 +113,15 @@ class LevelOps:
         return result
 
     def _checks(self, index) -> list:
-        """Each index read from memory in ``index`` (expr.Indirect): read, then checked, where it was read."""
+        """Each index read from memory in ``index`` (expr.Indirect): read, then checked, where it was read (as
+        cpp_ops.checked_index); a per-row one this kernel stored before the loop is read before the loop too."""
         checks = []
-        for a in indirect_atoms(index):   # as cpp_ops.checked_index
-            known, level = a.buffer in self.known, self.load(a.buffer, a.index, a.dtype).level   # known: in registers
-            checks.append(self._new(torch.int64, level if level in ("kernel", "row") and not known else "element",
-                                    what="index check"))
+        for a in indirect_atoms(index):   # known: in registers
+            known, level = a.buffer in self.known, self.load(a.buffer, a.index, a.dtype, stored_per_row=True).level
+            checks.append(self._new(torch.int64, level if level in ("kernel", "row") and not known else "element", what="check"))
         return checks
 
-    def load(self, name, index, dtype):
+    def load(self, name, index, dtype, stored_per_row=False):
         checks = self._checks(index)
         in_loop = any(c.level == "element" for c in checks)
         if name in self.known:
@@ -138,7 +138,8 @@ class LevelOps:
         elif dtype in _FLOATS and read_only and not checks and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
             # read where used, named by its text: two such loads are one value
             value = self._new(ct, "channel", next(iter(atoms)), what=what, key=("raw", ptr, index))
-        elif self.loop_vars is not None and read_only and not atoms & self.loop_vars and not in_loop:
+        elif self.loop_vars is not None and (read_only or stored_per_row and self.ck.k.level.get(name) == "outer") \
+                and not atoms & self.loop_vars and not in_loop:
             value = self._new(ct, "row", what=what)
         else:
             value = self._new(ct, "element", what=what)

@@ -204,9 +204,8 @@ class WrapperCode:
             "def make(lib, externs, constants):",
         ]
         if any(INDEX_FAULT in a for a in self.kernel_args.values()):
-            head[head.index("def make(lib, externs, constants):"):0] = [
-                "from minicompile.runtime.index_faults import fault_record, raise_index_fault",
-                f"{INDEX_FAULT}, index_faults = fault_record()  # where a kernel records an index out of bounds", "", ""]
+            head[-1:-1] = ["from minicompile.runtime.index_faults import fault_record, raise_index_fault",
+                           f"{INDEX_FAULT}, index_faults = fault_record()  # where a kernel records an index out of bounds", "", ""]
         head += [f"    {name} = lib.{name}" for name in self.kernel_args]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")

@@ -10,12 +10,12 @@ import copy
 import pytest
 import torch
 
-from minicompile.testing import fuzz_classes
+from minicompile.testing import fuzz_classes, fuzz_gather
 from minicompile.testing.fuzz_classes import KINDS, check_batch, check_function, decorate, generate_for, run
 
 # (class, first seed, programs): seeds chosen in the group (training or not, attention form) shown
 SLICES = [("layout", 32, 3), ("random", 0, 4), ("attention", 160, 3), ("unbacked", 0, 3), ("text", 0, 4),
-          ("convbn", 401018, 2), ("concat", 30, 4)]
+          ("convbn", 401018, 2), ("concat", 30, 4), ("gather", 45, 8)]
 
 
 @pytest.mark.parametrize("kind,seed,n", SLICES, ids=[s[0] for s in SLICES])
@@ -32,6 +32,14 @@ def test_slices_cover_the_modes_they_name():
     concat = [generate_for("concat")(30 + k) for k in range(4)]
     assert [p.train for p in concat] == [False, False, True, True]
     assert all(any("torch.cat(" in s or "torch.stack(" in s for s in p.steps) for p in concat)
+    assert fuzz_gather.raising_programs(45, 8) == [45, 48, 51, 52]   # out of range at some call: raise as eager
+
+
+def test_a_gather_that_does_not_raise_is_reported(monkeypatch):
+    from minicompile.runtime import index_faults
+    monkeypatch.setattr(index_faults, "raise_index_fault", lambda record: record.fill(0))
+    found = fuzz_gather.check([generate_for("gather")(45)])
+    assert found is not None and "compiled did not" in found, found
 
 
 def test_a_wrong_compiled_value_is_reported(monkeypatch):

@@ -61,6 +61,9 @@ def comment_text(text) -> str:
     return text + "<newline>" if text.endswith("\\") else text
 
 
+INDEX_FAULT = "index_fault"   # a kernel's out-parameter: an index read from memory out of bounds
+
+
 def reductions_of(nodes) -> list:
     return [n for n in nodes if isinstance(n.data, Reduction)]
 

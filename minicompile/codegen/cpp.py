@@ -17,9 +17,9 @@ import torch
 
 from minicompile.codegen.cpp_channels import ChannelValues
 from minicompile.codegen.cpp_columns import render_columns
-from minicompile.codegen.common import ARG_REDUCTIONS, GeneratedKernels, KernelRenderer, reductions_of
+from minicompile.codegen.common import ARG_REDUCTIONS, INDEX_FAULT, GeneratedKernels, KernelRenderer, reductions_of
 from minicompile.codegen.cpp_loops import nest
-from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, literal, template
+from minicompile.codegen.cpp_ops import CTYPE, REDUCTIONS, CppRenderer, checked_index, literal, template
 from minicompile.codegen.cpp_flex import render_flex
 from minicompile.codegen.same_code import code_key, cpp_forwarder
 from minicompile.codegen.cpp_pieces import table_loop
@@ -87,6 +87,7 @@ class CppOps:
         return value
 
     def load(self, name, index, dtype):
+        index = checked_index(self, index)
         step = next(self.planned)
         if name in self.locals:
             where, value = self.locals[name]
@@ -111,6 +112,7 @@ class CppOps:
         return CV(literal(value, compute_dtype(dtype)), compute_dtype(dtype))
 
     def index_expr(self, expr, dtype):
+        expr = checked_index(self, expr)
         next(self.planned)
         return self._tmp(dtype, _cast(CV(_R.render(expr), torch.int64), dtype))  # indices are int64_t
 
@@ -214,14 +216,16 @@ class CppKernel(KernelRenderer):
         self.size_args = [s for s in self.symbols if s in named]  # passed after the pointers
         self.param_code = [f"{'' if a.written else 'const '}{CTYPE[a.dtype]}* {a.name}" for a in self.args]
         self.param_code += [f"int64_t {s}" for s in self.size_args]
+        self.param_code += [f"int64_t* {INDEX_FAULT}"] * self.k.checks_indices()
         return "\n".join(self.header() + self.signature() + ["{"] + self.body_lines + ["}"])
 
     def param_names(self) -> list:
         """The parameters in order, as the wrapper passes them: buffers, then sizes."""
-        return [a.name for a in self.args] + self.size_args
+        return [a.name for a in self.args] + self.size_args + [INDEX_FAULT] * self.k.checks_indices()
 
     def signature(self) -> list:
         comments = [a.describe() for a in self.args] + ["a size, known at call time"] * len(self.size_args)
+        comments += ["out: an index out of bounds (kind, value, dim, size)"] * self.k.checks_indices()
         linkage = "static" if self.in_group else 'extern "C"'  # a group member is called by its group only
         last = len(self.param_code) - 1
         return ([f"{linkage} void {self.k.name}("]

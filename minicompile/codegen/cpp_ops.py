@@ -6,8 +6,9 @@ import struct
 
 import torch
 
-from minicompile.ir.expr import Renderer
-from minicompile.ir.ops import pick_template
+from minicompile.codegen.common import INDEX_FAULT
+from minicompile.ir.expr import Expr, Renderer, Var
+from minicompile.ir.ops import indirect_atoms, pick_template
 
 CTYPE = {
     torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
@@ -98,6 +99,17 @@ class CppRenderer(Renderer):
 
     def clamp(self, a, lo, hi):
         return f"std::min<int64_t>(std::max<int64_t>({a}, {lo}), {hi})"
+
+
+def checked_index(ops, index: Expr) -> Expr:
+    """``index`` with each index read from memory in it (expr.Indirect) read by CppOps ``ops``, checked
+    (the prelude's mc_index, which records one out of bounds at INDEX_FAULT) and named."""
+    names = {}
+    for a in indirect_atoms(index):
+        value, step = ops.load(a.buffer, a.index, a.dtype), next(ops.planned)
+        check = f"mc_index({value}, {CppRenderer().render(Expr.of(a.size))}, {a.check}, {a.dim}, {INDEX_FAULT})"
+        names[a] = Var(ops._tmp(torch.int64, check, step).expr if a.check else value.expr, a.size)
+    return index.substitute(names) if names else index
 
 
 # Reductions: kind -> (identity, combine). The identity is a number (-inf/inf become the

@@ -26,7 +26,7 @@ from minicompile.codegen.cpp_ops import literal
 from minicompile.codegen.cpp_pieces import piece_edges, piece_runs
 from minicompile.ir.expr import Expr, Var, atoms_of
 from minicompile.ir.nodes import Reduction
-from minicompile.ir.ops import compute_dtype
+from minicompile.ir.ops import compute_dtype, indirect_atoms
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _HALF = (torch.bfloat16, torch.float16)
@@ -112,7 +112,18 @@ class LevelOps:
                 self.constants.add(result.key)
         return result
 
-    def load(self, name, index, dtype):
+    def _checks(self, index) -> list:
+        """Each index read from memory in ``index`` (expr.Indirect): read, then checked, where it was read (as
+        cpp_ops.checked_index); a per-row one this kernel stored before the loop is read before the loop too."""
+        checks = []
+        for a in indirect_atoms(index):   # known: in registers
+            known, level = a.buffer in self.known, self.load(a.buffer, a.index, a.dtype, stored_per_row=True).level
+            checks.append(self._new(torch.int64, level if level in ("kernel", "row") and not known else "element", what="check"))
+        return checks
+
+    def load(self, name, index, dtype, stored_per_row=False):
+        checks = self._checks(index)
+        in_loop = any(c.level == "element" for c in checks)
         if name in self.known:
             self.steps.append(Planned(f"load {name}", "known"))
             return self.known[name]
@@ -122,12 +133,13 @@ class LevelOps:
             return self._new(ct, "element", what=what)
         ptr = self.ck.pointer(name)
         read_only, atoms = ptr in self.ck.read_only, atoms_of(index)
-        if self.plan.hoist and read_only and not atoms:
+        if self.plan.hoist and read_only and not atoms and not in_loop and all(c.level == "kernel" for c in checks):
             value = self._new(ct, "kernel", what=what)
-        elif dtype in _FLOATS and read_only and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
+        elif dtype in _FLOATS and read_only and not checks and len(atoms) == 1 and next(iter(atoms)) in self.plan.channels:
             # read where used, named by its text: two such loads are one value
             value = self._new(ct, "channel", next(iter(atoms)), what=what, key=("raw", ptr, index))
-        elif self.loop_vars is not None and read_only and not atoms & self.loop_vars:
+        elif self.loop_vars is not None and (read_only or stored_per_row and self.ck.k.level.get(name) == "outer") \
+                and not atoms & self.loop_vars and not in_loop:
             value = self._new(ct, "row", what=what)
         else:
             value = self._new(ct, "element", what=what)
@@ -146,6 +158,7 @@ class LevelOps:
         return v
 
     def index_expr(self, expr, dtype):
+        self._checks(expr)
         self.loads.append((None, expr, "element"))   # compared as a load is (cpp_pieces.piece_runs)
         return self._new(dtype, "element", what="index")
 

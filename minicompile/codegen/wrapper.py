@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from minicompile.codegen.common import comment_text
+from minicompile.codegen.common import INDEX_FAULT, comment_text
 from minicompile.ir.expr import Expr, PythonRenderer
 from minicompile.ir.graph import LoopGraph
 from minicompile.ir.nodes import (ComputedBuffer, ExternKernel, InputBuffer, MultiOutput, ScalarRef, StorageView,
@@ -136,10 +136,12 @@ class WrapperCode:
         lines = [self._alloc(n, pool, outputs) for n in step.nodes if step.in_memory(n.name) and not n.mutates]
         if call:
             lines.append(self._call_line(call))
+        if call and INDEX_FAULT in self.kernel_args[call]:   # it read an index from memory: one out of bounds raises
+            lines.append("if index_faults[0]: raise_index_fault(index_faults)")
         return lines
 
     def _call_line(self, call: str) -> str:
-        ptrs = ", ".join(p if p in self.symbols else f"{p}{self.suffix}" for p in self.kernel_args[call])
+        ptrs = ", ".join(p if p in self.symbols or p == INDEX_FAULT else f"{p}{self.suffix}" for p in self.kernel_args[call])
         return f"{call}({ptrs})"
 
     def _extern_lines(self, b, pool: dict, outputs: set) -> list:
@@ -203,6 +205,9 @@ class WrapperCode:
             "",
             "def make(lib, externs, constants):",
         ]
+        if any(INDEX_FAULT in a for a in self.kernel_args.values()):
+            head[-1:-1] = ["from minicompile.runtime.index_faults import fault_record, raise_index_fault",
+                           f"{INDEX_FAULT}, index_faults = fault_record()  # where a kernel records an index out of bounds", "", ""]
         head += [f"    {name} = lib.{name}" for name in self.kernel_args]
         head += [f"    {c} = constants[{c!r}]" for c in graph.constants]
         head.append("    graph_event = graph_event_name()")

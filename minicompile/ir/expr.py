@@ -141,6 +141,25 @@ class Clamp(Atom):
         return r.clamp(r.render(self.arg), self.lo, _divisor(r, self.hi))
 
 
+@dataclass(frozen=True)
+class Indirect(Atom):
+    """An index read from memory, ``buffer[index]`` (of integer ``dtype``), into ``size`` elements. ``check``:
+    0, checked before (in bounds); 2, a negative one wrapped (``x[idx]``, whose IndexError names the index
+    tensor's position ``dim``); 1 and 3, a negative one refused (index_select: IndexError, dim 1's RuntimeError)."""
+    buffer: str
+    index: "Expr"
+    dtype: object
+    size: Union[int, "Expr"]
+    dim: int
+    check: int
+
+    def range(self):
+        return (0, (self.size.range()[1] if isinstance(self.size, Expr) else self.size) - 1)
+
+    def render(self, r):
+        return r.indirect(self)
+
+
 def _atom_key(a: Atom):
     """The order of an Expr's terms. Each atom's key is kept on it: rendering a nested atom's repr
     for every sort was most of the scheduler's time."""
@@ -436,20 +455,23 @@ def _subst_atom(a: Atom, mapping: dict) -> Expr:
         return a.arg.substitute(mapping) % a.divisor
     if isinstance(a, Clamp):
         return a.arg.substitute(mapping).clamp(a.lo, a.hi)
+    if isinstance(a, Indirect):   # replaced (by the name of its checked value), or read elsewhere
+        return Expr.of(mapping[a]) if a in mapping else \
+            Expr.of(Indirect(a.buffer, a.index.substitute(mapping), a.dtype, a.size, a.dim, a.check))
     return Expr.of(a)
 
 
 def atoms_of(e: Expr) -> set:
-    """Every Var that ``e`` depends on, at any depth."""
+    """Every Var that ``e`` depends on, at any depth (an Indirect: those its index reads at)."""
     out = set()
     for a, _ in e.terms:
         if isinstance(a, Var):
             out.add(a)
         elif isinstance(a, Prod):  # factors: Vars, Syms and atoms over an index ((x0 // s1) * s1)
             for f in a.factors:
-                out |= {f} if isinstance(f, Var) else set() if isinstance(f, Sym) else atoms_of(f.arg)
+                out |= {f} if isinstance(f, Var) else set() if isinstance(f, Sym) else atoms_of(Expr.of(f))
         elif not isinstance(a, Sym):
-            out |= atoms_of(a.arg)
+            out |= atoms_of(a.index if isinstance(a, Indirect) else a.arg)
     return out
 
 
@@ -465,6 +487,8 @@ def symbols_of(e) -> set:
             out |= set().union(*(symbols_of(Expr.of(f)) for f in a.factors))
         elif isinstance(a, Var):
             out |= symbols_of(a.size)
+        elif isinstance(a, Indirect):
+            out |= symbols_of(a.index) | symbols_of(a.size)
         else:
             out |= symbols_of(a.arg) | symbols_of(getattr(a, "divisor", None))
     return out
@@ -548,9 +572,13 @@ class Renderer:
     def clamp(self, a: str, lo: int, hi: int) -> str:
         return f"min(max({a}, {lo}), {hi})"
 
+    def indirect(self, a: Indirect) -> str:   # a kernel names the value it checked (codegen/cpp.py)
+        raise NotSymbolic(f"an index read from {a.buffer}, not checked where the kernel reads it")
+
 
 class PythonRenderer(Renderer):
-    pass
+    def indirect(self, a: Indirect) -> str:
+        return f"{a.buffer}[{self.render(a.index)}]"
 
 
 def flat_index(index: list, strides) -> Expr:

@@ -3,7 +3,7 @@ elementwise ops.
 
 A body calls only these methods; a handler decides what they mean:
 
-    load(buffer_name, index: Expr, dtype) -> value     read one element
+    load(buffer_name, index: Expr, dtype) -> value     read one element (at indices from memory too: expr.Indirect)
     constant(value, dtype) -> value                    a literal
     index_expr(expr: Expr, dtype) -> value             an index as a number (arange, masks)
     to_dtype(x, dtype) -> value                        cast (bf16/fp16 round, compute in fp32)
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minicompile.ir.expr import Expr, PythonRenderer
+from minicompile.ir.expr import Expr, Indirect, Prod, PythonRenderer, Sym, Var
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,16 @@ class PrintOps:
         return self._emit(f"ops.reduction({kind!r}, {value})")
 
 
+def indirect_atoms(e: Expr) -> list:
+    """The outermost Indirect atoms of ``e`` in order, each once (those inside one: its own index's)."""
+    out = []
+    for a, _ in e.terms:
+        found = [a] if isinstance(a, Indirect) else [] if isinstance(a, (Var, Sym)) else \
+            [x for f in a.factors for x in indirect_atoms(Expr.of(f))] if isinstance(a, Prod) else indirect_atoms(a.arg)
+        out += [x for x in found if x not in out]
+    return out
+
+
 @dataclass(frozen=True)
 class Read:
     name: str
@@ -176,14 +186,22 @@ class RecordOps:
     ops_used: set = field(default_factory=set)
     exprs: list = field(default_factory=list)   # the index expressions the body computes with
 
-    def load(self, name, index, dtype):
+    def load(self, name, index, dtype):   # an index read from memory is a read of its buffer first
+        for a in indirect_atoms(index):
+            self.load(a.buffer, a.index, a.dtype)
         self.reads.append(Read(name, index))
         return None
 
     def constant(self, value, dtype):
         return None
 
+    def checks_indices(self) -> bool:
+        """Whether the body checks an index read from memory (an expr.Indirect with a check)."""
+        return any(a.check for e in self.exprs + [r.index for r in self.reads] for a in indirect_atoms(e))
+
     def index_expr(self, expr, dtype):
+        for a in indirect_atoms(expr):
+            self.load(a.buffer, a.index, a.dtype)
         self.exprs.append(expr)
         return None
 

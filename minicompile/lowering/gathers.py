@@ -1,14 +1,12 @@
-"""Gathers whose indices the graph computes from positions: index math, no extern call.
-
-``x[batch_idx, q_idx]`` with ``batch_idx = arange(b)[:, None]`` (Hugging Face's attention masks, GPT-2's
-position embedding): where every index tensor is an index expression (an arange and integer add / sub /
-mul on it) whose range lies inside the indexed size, the gather reads ``x`` there. Any other index (read
-from memory: token ids, a cumsum) keeps the extern call, which checks each index as eager does."""
+"""Gathers (``x[idx]``, index_select, embeddings) as reads of ``x`` at index expressions: where an index
+tensor is one (an arange and integer add / sub / mul: Hugging Face's masks) provably in bounds, its
+value; else (token ids, T5's position buckets) an index read from memory (expr.Indirect) from a buffer
+a C++ kernel checked as eager checks it (the wrapper raises eager's error). Triton keeps the extern call."""
 from __future__ import annotations
 
 import torch
 
-from minicompile.ir.expr import Expr, NotSymbolic, size_value
+from minicompile.ir.expr import Expr, Indirect, NotSymbolic, flat_index, size_value
 from minicompile.ir.nodes import Lazy, TensorValue, iteration_vars, shape_of
 from minicompile.lowering.registry import Unsupported, aten, register_lowering
 
@@ -65,24 +63,42 @@ def _shift(e: Expr | None, size, wraps: bool) -> int | None:
     return size if wraps and isinstance(size, int) and hi < 0 and lo >= -size else None
 
 
-def gather(node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
-    """``x[indices]`` (``None`` takes a whole dim) as a read of ``x`` at index expressions."""
+def _from_memory(lw, node, x: TensorValue, t: TensorValue, d: int, dim: int, check: int):
+    """The index tensor ``t`` of dim ``d`` of ``x`` checked whole, as eager checks it (see Indirect for
+    ``dim`` and ``check``), into a buffer of int64 indices in bounds: ``at(positions)`` reads that."""
+    v = lw.realize(t)
+    name, stride, offset, size = v.buffer.name, v.stride, v.offset, x.size[d]
+    checked = lw.realize(Lazy(torch.int64, t.device, tuple(t.size), lambda ops, idx: ops.index_expr(
+        Expr.of(Indirect(name, flat_index(idx, stride) + offset, t.dtype, size, dim, check)), torch.int64), [node.name]))
+    return lambda pos: Expr.of(Indirect(checked.buffer.name, flat_index(pos, checked.stride), torch.int64, size, dim, 0))
+
+
+def gather(lw, node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
+    """``x[indices]`` (``None`` takes a whole dim) as a read of ``x`` at index expressions; ``wraps``:
+    ``x[idx]``, where a negative index counts from the end, else ``index_select``, which refuses it."""
     if len(indices) != len(x.size):   # index_select of a 0-d tensor treats it as 1-d
         raise Unsupported(f"{len(indices)} indices for a {len(x.size)}-d tensor")
     adv = [d for d, t in enumerate(indices) if t is not None]
     nb = node.meta["val"].dim() - (len(x.size) - len(adv))   # the broadcast index tensors' dims
     shifts = [_shift(index_expression(indices[d], iteration_vars(indices[d].size)), x.size[d], wraps) for d in adv]
-    if None in shifts:
-        raise Unsupported("its indices are read from memory or may be out of bounds: eager checks each")
+    if None in shifts and (x.device.type != "cpu" or any(indices[d].dtype not in _INDEX_DTYPES or x.size[d] == 0
+                                                         for d, s in zip(adv, shifts) if s is None)):
+        raise Unsupported("its indices are read from memory: eager checks each (a C++ kernel checks them too; "
+                          "a Triton kernel does not)")
     first = adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0   # eager keeps adjacent ones in place
     load, ndim = x.loader(), len(x.size)
+    # per index tensor: its value at positions, index math where provably in bounds, else read and checked
+    reads = {d: (lambda t, s: lambda pos: index_expression(t, pos) + s)(indices[d], s) if s is not None
+             else _from_memory(lw, node, x, indices[d], d, *((k, 2) if wraps else (d, 3 if d == 1 and ndim > 1 else 1)))
+             for k, (d, s) in enumerate(zip(adv, shifts))}
 
-    def at(t, extent, shift):   # index tensor t broadcast to the gathered dims' positions
-        return index_expression(t, [0 if s == 1 else extent[nb - len(t.size) + k] for k, s in enumerate(t.size)]) + shift
+    def at(d, extent):   # index tensor d broadcast to the gathered dims' positions
+        t = indices[d]
+        return reads[d]([0 if s == 1 else extent[nb - len(t.size) + k] for k, s in enumerate(t.size)])
 
     def body(ops, idx):
         extent, rest = idx[first:first + nb], iter(list(idx[:first]) + list(idx[first + nb:]))
-        picked = {d: at(indices[d], extent, s) for d, s in zip(adv, shifts)}
+        picked = {d: at(d, extent) for d in adv}
         return load(ops, [picked[d] if d in picked else next(rest) for d in range(ndim)])
     return Lazy(x.dtype, x.device, shape_of(node.meta["val"]), body, [node.name])
 
@@ -91,10 +107,10 @@ def gather(node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
 def index(lw, node, x, indices):
     if not all(t is None or isinstance(t, TensorValue) for t in indices) or all(t is None for t in indices):
         raise Unsupported("no index tensor")
-    return gather(node, x, list(indices) + [None] * (len(x.size) - len(indices)), wraps=True)
+    return gather(lw, node, x, list(indices) + [None] * (len(x.size) - len(indices)), wraps=True)
 
 
 @register_lowering(aten.index_select.default)
 def index_select(lw, node, x, dim, idx):
     dim = dim + len(x.size) if dim < 0 else dim
-    return gather(node, x, [None] * dim + [idx] + [None] * (len(x.size) - dim - 1), wraps=False)
+    return gather(lw, node, x, [None] * dim + [idx] + [None] * (len(x.size) - dim - 1), wraps=False)

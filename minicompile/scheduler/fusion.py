@@ -181,9 +181,13 @@ def _dependencies(graph: LoopGraph, reads: dict) -> dict:
     buffers = graph.buffers
     by_name = {b.name: b for b in buffers}
     deps = {b.name: {r for r in reads[b.name] if r in by_name} for b in buffers}
-    for k, b in enumerate(buffers):  # a write into an input waits for every earlier reader of it
+    # a write into an input waits for every earlier reader of it, and for every check of an index read
+    # from memory (a graph that raises IndexError leaves the caller's tensors as they were)
+    checks = {b.name for b in buffers if isinstance(b, ComputedBuffer) and recorded_body(b).checks_indices()} \
+        if any(isinstance(b, ComputedBuffer) and b.mutates for b in buffers) else set()
+    for k, b in enumerate(buffers):
         if isinstance(b, ComputedBuffer) and b.mutates:
-            deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name]}
+            deps[b.name] |= {o.name for o in buffers[:k] if b.mutates in reads[o.name] or o.name in checks}
     computed = computed_numbers(graph)  # a size or number the graph computes is known once its step ran
     if computed:
         symbols = {b.name: buffer_symbols(b) for b in buffers}
@@ -315,6 +319,8 @@ def _try_fuse(g, b, deps, ancestors, reads, mutated_by, by_name):
         kernel = plan_kernel("", g.nodes + [b])
     except CannotFuse as e:
         return str(e)
+    if any(n.mutates for n in kernel.nodes) and kernel.checks_indices():
+        return "a kernel that writes into an input reads no index from memory (it checks them all before)"
     if kernel.is_reduction and not deps[b.name] & names and not _shares_a_load(kernel, b):
         return "shares an input with the reduction kernel but reads none of its elements in the same iteration"
     for c in kernel.nodes:

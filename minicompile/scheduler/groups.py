@@ -32,7 +32,7 @@ def horizontal_groups(steps: list, graph: LoopGraph, caps: BackendCaps) -> list[
     runs, touched, written = [[]], set(), set()  # what the last run reads or writes, writes: storage names
     for step in steps:
         groupable = (isinstance(step, FusedKernel) and not step.is_reduction and step.outer_numel != 0
-                     and is_static([step.outer_numel, step.inner_numel]))
+                     and is_static([step.outer_numel, step.inner_numel]) and not step.checks_indices())
         args = kernel_args(step, graph.by_name, graph.mutations) if groupable else []
         reads, writes = {a.name for a in args if a.read}, {a.name for a in args if a.written}
         if not groupable or writes & touched or reads & written:   # the run ends before this step

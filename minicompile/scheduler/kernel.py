@@ -169,6 +169,10 @@ class FusedKernel:
             exprs += [r.index for r in self.reads(n) if self.in_memory(r.name)] + self._recorded(n).exprs
         return set().union(*map(symbols_of, exprs))
 
+    def checks_indices(self) -> bool:
+        """Whether the kernel checks an index read from memory (expr.Indirect)."""
+        return any(self._recorded(n).checks_indices() for n in self.nodes)
+
     def all_indices(self) -> list:
         out = []
         for n in self.nodes:

@@ -13,6 +13,7 @@ that broke, with the fuzzer's generator, comparison and shrinking (testing/fuzz.
                ``*/``, trigraph-like ``??=``, quotes, non-ASCII, very long names and lines
     convbn     conv / norm / activation stacks trained channels-last, judged against float64
     concat     torch.cat / torch.stack of values and slices among the fuzzer's ops, read whole or sliced
+    gather     embedding / index_select / x[idx] at indices from memory, out of range at some calls (fuzz_gather.py)
 
 (docs/testing.md has each class.) Training or not, and the attention form, come from a program's
 seed, a shrunk program keeps them; a batch compiles one graph per (training, form) group. With ``MINICOMPILE_FALLBACK=0``::
@@ -36,14 +37,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from minicompile.backend import minicompile_backend
 from minicompile.config import patch
 from minicompile.pipeline import compile_graph
-from minicompile.testing import fuzz, fuzz_convbn
+from minicompile.testing import fuzz, fuzz_convbn, fuzz_gather
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.testing.fuzz import Input, Program, Value
 from minicompile.testing.fuzz_train import batched_programs, check_inputs, training_inputs
 from minicompile.testing.grad_sweep import compare_training, run_with_grads
 
-CALLS = 3                 # the unbacked class calls one build with inputs of seeds seed, seed+1009, seed+2018
-ATTENTION_FORMS = ["auto", "math", "flash"]
+CALLS, ATTENTION_FORMS = 3, ["auto", "math", "flash"]   # the unbacked class: inputs of seeds seed, +1009, +2018
 
 
 @dataclass
@@ -406,7 +406,7 @@ def generate_for(kind: str):
         prog = fuzz.generate(seed, **args)
         prog = ClassProgram(prog.inputs, prog.steps, prog.outputs, seed, kind=kind, train=train)
         return prog if not train or _eager_trains(prog) else replace(prog, train=False)
-    return fuzz_convbn.generate if kind == "convbn" else make
+    return {"convbn": fuzz_convbn.generate, "gather": fuzz_gather.generate}.get(kind, make)
 
 
 def _eager_trains(prog: ClassProgram) -> bool:
@@ -566,13 +566,13 @@ def _eager_accepts(p: ClassProgram) -> bool:
         return False
 
 
-KINDS = ["layout", "random", "attention", "unbacked", "text", "convbn", "concat"]
+KINDS = ["layout", "random", "attention", "unbacked", "text", "convbn", "concat", "gather"]
 
 
 def run(kind: str, seed: int, n: int, batch: int = 32, repro_dir: str = "fuzz-repros", log=print) -> list:
     """Fuzz ``n`` programs of class ``kind`` from ``seed``; returns the reproducers written for failures."""
-    if kind == "convbn":         # whole models judged against float64: testing/fuzz_convbn.py
-        return fuzz_convbn.run(seed, n, batch, repro_dir, log)
+    if kind in ("convbn", "gather"):   # whole models judged against float64; gathers at three inputs
+        return {"convbn": fuzz_convbn, "gather": fuzz_gather}[kind].run(seed, n, batch, repro_dir, log)
     failures = fuzz.run(seed, n, batch, repro_dir, log, make=generate_for(kind), check=check_batch)
     if kind in ("unbacked", "text"):
         log(f"[fuzz --class {kind}] " + ", ".join(f"{k}: {v}" for k, v in STATS.items()))

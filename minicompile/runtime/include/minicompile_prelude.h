@@ -53,6 +53,22 @@ static inline uint16_t mc_f32_to_bf16(float f) {
 static inline float mc_round_bf16(float f) { return mc_bf16_to_f32(mc_f32_to_bf16(f)); }
 static inline float mc_round_f16(float f) { return (float)(_Float16)f; }
 
+// An index read from memory, checked as eager checks it: a negative one wrapped where the op wraps
+// (check 2: x[idx]); out of [0, size) it is recorded in fault (check, value, dim, size: the wrapper
+// raises eager's error, runtime/index_faults.py; the first recorded is kept) and read as 0, so the
+// kernel stays in bounds.
+static inline int64_t mc_index(int64_t i, int64_t size, int64_t check, int64_t dim, int64_t* fault) {
+    int64_t j = check == 2 && i < 0 ? i + size : i;
+    int64_t none = 0;
+    if (__builtin_expect(j >= 0 && j < size, 1)) return j;
+    if (!__atomic_compare_exchange_n(&fault[0], &none, -1, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return 0;
+    __atomic_store_n(&fault[1], i, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault[2], dim, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault[3], size, __ATOMIC_RELAXED);
+    __atomic_store_n(&fault[0], check, __ATOMIC_RELAXED);
+    return 0;
+}
+
 // Python's floor division and remainder (the sign follows the divisor).
 template <typename T> static inline T mc_floordiv_i(T a, T b) {
     T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;

@@ -34,7 +34,7 @@ STAGES = ("capture", "aot", "cpu", "decomp", "lowering", "ir", "scheduler", "cod
 TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py, config.py, ...)
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
-STAGE_BUDGETS = {"capture": 6081, "aot": 2959, "cpu": 1871, "decomp": 1423, "lowering": 1992, "ir": 1418,
+STAGE_BUDGETS = {"capture": 6081, "aot": 2958, "cpu": 1871, "decomp": 1423, "lowering": 1992, "ir": 1418,
                  "scheduler": 912, "codegen": 2955, "runtime": 1331, TOP_LEVEL: 1190}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line

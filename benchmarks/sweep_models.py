@@ -5,14 +5,17 @@ For each model, in its own process with a timeout (one thread), five checks:
     infer   torch.compile(backend="minicompile"), no_grad, float32: max abs diff, graphs, breaks
     train   a backward (sum of squares of the first output, eval mode): grads against eager
     ours    minicompile.compile(model) (the bytecode front end), no_grad
+    ours_train  the training step through minicompile.compile
     shape2  the compiled model of ``infer`` at a second sequence length / batch: recompiles
     bf16    model.to(bfloat16): error against the float32 result, beside eager bf16's own error
 
 Every check runs with MINICOMPILE_FALLBACK=0; a check that raises is run again with fallbacks on:
-if it passes then it is a "fallback" (the reason is the raised error), otherwise a "crash".
+if it passes then it is a "fallback" (the reason is the raised error), otherwise a "crash". A graph
+minicompile runs eagerly by design (its "... runs eagerly" warning) is a "fallback" too.
 
     PYTHONPATH=. python benchmarks/sweep_models.py [names...]   # timm models get SWEEP_STUBS on their path
     python benchmarks/sweep_models.py --one NAME [CHECK ...]      # one model, in this process
+    SWEEP_CHECKS=train,bf16 python benchmarks/sweep_models.py NAME ...   # some of the checks
     python benchmarks/sweep_models.py --list
     python benchmarks/sweep_models.py --table OUT.jsonl           # the JSON lines as a markdown table
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -32,7 +36,7 @@ import torch  # noqa: E402
 
 VOCAB, SEQ, SEQ2 = 1000, 16, 24
 STUBS = os.environ.get("SWEEP_STUBS", "/work/shared/stubs")   # timm's torchvision stand-in
-CHECKS = ("infer", "train", "ours", "shape2", "bf16")
+CHECKS = ("infer", "train", "ours", "ours_train", "shape2", "bf16")
 
 
 # ---------------------------------------------------------------- models
@@ -205,11 +209,13 @@ def run_check(name: str, check: str) -> dict:
                 res = dict(err=err, wrong=wrong, recompiles=_graphs()[0] - g1)
         graphs, breaks = _graphs()
         return res | ({} if check == "ours" else dict(graphs=graphs, breaks=breaks))
-    if check == "train":
+    if check in ("train", "ours_train"):
         twin = copy.deepcopy(model)
-        _first(model(**kw)).float().pow(2).mean().backward()
-        cm = torch.compile(twin, backend="minicompile")
-        _first(cm(**kw)).float().pow(2).mean().backward()
+        out = _first(model(**kw))   # a random projection: LayerNorm's output has a fixed mean square
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        (out * weight).mean().backward()
+        cm = minicompile.compile(twin) if check == "ours_train" else torch.compile(twin, backend="minicompile")
+        (_first(cm(**kw)) * weight).mean().backward()
         pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters())]
         # a parameter the loss does not reach (BERT's pooler): None in eager, zeros through
         # AOTAutograd's backward (Inductor's too); anything else on one side only is wrong
@@ -237,6 +243,17 @@ def run_check(name: str, check: str) -> dict:
     raise ValueError(check)
 
 
+class _Eager(logging.Handler):
+    """minicompile's "... runs eagerly" warnings: a graph it ran eagerly by design (no exception)."""
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.seen = []
+
+    def emit(self, record):
+        if "eager" in (msg := record.getMessage()):
+            self.seen.append(msg.removeprefix("minicompile: ")[:300])
+
+
 def one(name: str, checks) -> None:
     """Runs the checks in this process; prints one JSON line per check."""
     from minicompile.config import config
@@ -244,16 +261,21 @@ def one(name: str, checks) -> None:
         t0 = time.time()
         for fallback in (False, True):
             config.fallback_on_error = fallback
+            logging.getLogger("minicompile").addHandler(eager := _Eager())
             try:
                 res = run_check(name, check)
                 res["status"] = ("wrong" if res.get("wrong") else "ok") if not fallback else "fallback"
+                if eager.seen and res["status"] == "ok":
+                    res.update(status="fallback", error=eager.seen[0])
                 break
             except Exception as e:   # noqa: BLE001 - the sweep records every failure
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
                 if not fallback:
                     first = msg
                 res = dict(status="crash", error=msg)
-        if res["status"] == "fallback":
+            finally:
+                logging.getLogger("minicompile").removeHandler(eager)
+        if res["status"] == "fallback" and "error" not in res:
             res["error"] = first
         print("SWEEP " + json.dumps(dict(name=name, check=check, secs=round(time.time() - t0, 1), **res)), flush=True)
 
@@ -287,12 +309,13 @@ def main(argv) -> None:
         return
     timeout = int(os.environ.get("SWEEP_TIMEOUT", "600"))
     env = dict(os.environ, MINICOMPILE_FALLBACK="0", OMP_NUM_THREADS="1")
+    checks = tuple(os.environ.get("SWEEP_CHECKS", ",".join(CHECKS)).split(","))
     for name in argv or names():
         # timm imports torchvision: the stubs for timm only (transformers' vision models reject their version)
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "stubs" not in p]
         path += [STUBS] if name.startswith("timm:") else []
         try:
-            p = subprocess.run([sys.executable, __file__, "--one", name], env=env | dict(PYTHONPATH=os.pathsep.join(path)),
+            p = subprocess.run([sys.executable, __file__, "--one", name, *checks], env=env | dict(PYTHONPATH=os.pathsep.join(path)),
                                timeout=timeout,
                                capture_output=True, text=True)
             out, tail = p.stdout, (p.stderr.strip().splitlines() or ["?"])[-1]
@@ -301,7 +324,7 @@ def main(argv) -> None:
         done = [json.loads(ln[6:]) for ln in out.splitlines() if ln.startswith("SWEEP ")]
         for res in done:
             print(json.dumps(res), flush=True)
-        for check in CHECKS[len(done):]:
+        for check in checks[len(done):]:
             print(json.dumps(dict(name=name, check=check, status="crash", error=tail)), flush=True)
             tail = "not run"
 

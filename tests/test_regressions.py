@@ -300,3 +300,13 @@ def test_gathers_at_computed_positions_are_index_math():
             past_the_end(x)
         with pytest.raises(IndexError):
             torch.compile(past_the_end, backend="minicompile")(x)
+
+
+def test_extern_index_put_with_a_none_index():
+    # runtime/extern_args.fast_call called torch's binding for index_put, which rejects a None in
+    # its index list; the op takes it. x[:, i]'s backward is index_put(g, [None, i]) (Falcon's rotary)
+    check(lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, True) * 2,
+          torch.randn(4, 6), torch.tensor([1, 3]), torch.randn(4, 2))
+    x, i = torch.randn(4, 6, requires_grad=True), torch.tensor([1, 3, 1])
+    torch.compile(lambda x: x[:, i].sin(), backend="minicompile")(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ops.aten.index_put(torch.zeros(4, 6), [None, i], x.detach()[:, i].cos(), True))

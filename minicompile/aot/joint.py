@@ -57,6 +57,7 @@ from minicompile.aot.checkpoint import is_random, rng_not_preserved, tagged, tol
 from minicompile.aot.policy import NEUTRAL, DevicePolicy
 from minicompile.aot.pool_offsets import compress_pool_indices
 from minicompile.aot.runner import AtenPass, run_passes
+from minicompile.aot.strides import is_non_overlapping_and_dense
 
 aten = torch.ops.aten
 
@@ -74,6 +75,7 @@ class JointGraph:
     diff_outputs: tuple            # positions of the outputs that take a tangent (differentiable)
     constructed_by: tuple = ()     # the joint trace's stamps (aot/runner.py)
     choices: tuple = ()            # what the device policy measured
+    views: tuple = ()              # outputs the runtime rebuilds as views of an input or output (_views)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class JointContext(trace.PassContext):
     grad_inputs: tuple = ()
     diff_outputs: tuple = ()
     rng_not_preserved: bool = False                # a checkpoint call says preserve_rng_state=False
+    views: tuple = ()
 
 
 def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePolicy = NEUTRAL) -> JointGraph:
@@ -93,7 +96,7 @@ def trace_joint(gm: torch.fx.GraphModule, example_inputs: list, policy: DevicePo
     ctx = JointContext(list(example_inputs), policy=policy)
     graph = run_passes(gm, ctx, JOINT_PASSES, "trace_joint")
     return JointGraph(graph, len(ctx.inputs), len(ctx.outputs), ctx.grad_inputs, ctx.diff_outputs, ctx.constructed_by,
-                      tuple(ctx.choices))
+                      tuple(ctx.choices), ctx.views)
 
 
 def fake_forward(gm, ctx: JointContext):
@@ -103,6 +106,7 @@ def fake_forward(gm, ctx: JointContext):
     primals = [to_fake(ctx.fake_mode, x) for x in ctx.inputs]
     with ctx.autocast.applied():
         ctx.outputs = _fake_forward(gm, primals, ctx.fake_mode)
+    ctx.views = _views(primals, ctx.outputs)
     ctx.grad_inputs = tuple(i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad)
     ctx.diff_outputs = tuple(i for i, o in enumerate(ctx.outputs)
                              if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point)
@@ -202,19 +206,37 @@ def _fake_forward(gm, primals: list, fake_mode) -> list:
         outputs = pytree.tree_leaves(torch.fx.Interpreter(gm).run(*primals))
     if any(isinstance(p, torch.Tensor) and p._version != v and p.requires_grad for p, v in zip(primals, versions)):
         raise TrainingUnsupported("the graph mutates an input that requires grad")
-    _check_aliasing(primals, outputs)
     return outputs
 
 
-def _check_aliasing(primals: list, outputs: list) -> None:
-    seen = {StorageWeakRef(p.untyped_storage()) for p in primals if isinstance(p, torch.Tensor)}
-    for o in outputs:
-        if not isinstance(o, torch.Tensor):
-            continue
-        ref = StorageWeakRef(o.untyped_storage())
-        if ref in seen:
+def _views(primals: list, outputs: list) -> tuple:
+    """Outputs aliasing an input or another output as eager's do (Gemma2's cache: its keys, their
+    last window): (output, base, size, stride, offset past the base's). The base: an input from the
+    end (-1: the last) when the output is that input, or an output whose dense memory holds them all."""
+    groups, views = {}, []
+    for k, t in enumerate([*primals, *outputs]):
+        if isinstance(t, torch.Tensor):
+            groups.setdefault(StorageWeakRef(t.untyped_storage()), []).append((k - len(primals), t))
+    for group in groups.values():
+        outs = [m for m in group if m[0] >= 0]
+        bases = [m for m in group if m[0] < 0] or group   # sharing an input's storage: a view of that input
+        base = next((b for b in bases if all(m is b or _holds(*b, m[1]) for m in outs)), None)
+        if base is None:
             raise TrainingUnsupported("an output aliases an input or another output (a view)")
-        seen.add(ref)
+        views += [(p, base[0], tuple(t.shape), t.stride(), t.storage_offset() - base[1].storage_offset())
+                  for p, t in outs if p != base[0]]
+    return tuple(sorted(views))
+
+
+def _holds(position: int, base: torch.Tensor, view: torch.Tensor) -> bool:
+    geometry = lambda t: (tuple(t.shape), t.stride(), t.storage_offset())  # noqa: E731
+    if base.dtype != view.dtype or not all(isinstance(v, int) for v in pytree.tree_leaves((geometry(base), geometry(view)))):
+        return False
+    if position < 0:   # an input: itself only (x.to(its device)); a view of it has a layout the caller's
+        return view is base
+    start = view.storage_offset() - base.storage_offset()
+    end = start + sum((n - 1) * st for n, st in zip(view.shape, view.stride()))
+    return is_non_overlapping_and_dense(base) and min(view.stride(), default=0) >= 0 and 0 <= start <= end < base.numel()
 
 
 def _check_graph(gm: torch.fx.GraphModule) -> None:

@@ -87,7 +87,11 @@ class TrainingGraph:
         return self.partition.report
 
     def __call__(self, *args):
-        return TrainingFunction.apply(self, *args)
+        outputs = list(TrainingFunction.apply(self, *args))
+        for position, base, size, stride, offset in self.joint.views:   # aliases as eager's (aot/joint._views)
+            b = args[base] if base < 0 else outputs[base]   # a negative base: an input, counted from the end
+            outputs[position] = b if base < 0 else b.as_strided(size, stride, b.storage_offset() + offset)
+        return tuple(outputs)
 
     def run_forward(self, args):
         self.forward_calls += 1

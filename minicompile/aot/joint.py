@@ -211,7 +211,7 @@ def _fake_forward(gm, primals: list, fake_mode) -> list:
 
 def _views(primals: list, outputs: list) -> tuple:
     """Outputs aliasing an input or another output as eager's do (Gemma2's cache: its keys, their
-    last window): (output, base, size, stride, offset past the base's). The base: an input from the
+    last window): (output, base, size, stride, offset past the base's, the base's stride). The base: an input from the
     end (-1: the last) when the output is that input, or an output whose dense memory holds them all."""
     groups, views = {}, []
     for k, t in enumerate([*primals, *outputs]):
@@ -223,7 +223,8 @@ def _views(primals: list, outputs: list) -> tuple:
         base = next((b for b in bases if all(m is b or _holds(*b, m[1]) for m in outs)), None)
         if base is None:
             raise TrainingUnsupported("an output aliases an input or another output (a view)")
-        views += [(p, base[0], tuple(t.shape), t.stride(), t.storage_offset() - base[1].storage_offset())
+        at = base[1].storage_offset()
+        views += [(p, base[0], tuple(t.shape), t.stride(), t.storage_offset() - at, base[1].stride())
                   for p, t in outs if p != base[0]]
     return tuple(sorted(views))
 

@@ -88,8 +88,10 @@ class TrainingGraph:
 
     def __call__(self, *args):
         outputs = list(TrainingFunction.apply(self, *args))
-        for position, base, size, stride, offset in self.joint.views:   # aliases as eager's (aot/joint._views)
+        for position, base, size, stride, offset, base_stride in self.joint.views:   # aliases as eager's (aot/joint._views)
             b = args[base] if base < 0 else outputs[base]   # a negative base: an input, counted from the end
+            if base >= 0 and b.stride() != base_stride:   # its geometry holds for eager's layout only
+                raise RuntimeError(f"minicompile: output {base}'s strides {b.stride()} are not eager's {base_stride}")
             outputs[position] = b if base < 0 else b.as_strided(size, stride, b.storage_offset() + offset)
         return tuple(outputs)
 

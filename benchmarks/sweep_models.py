@@ -34,6 +34,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from hf_models import tensors  # noqa: E402  (every tensor in a model output; this script's folder is on sys.path)
+
 VOCAB, SEQ, SEQ2 = 1000, 16, 24
 STUBS = os.environ.get("SWEEP_STUBS", "/work/shared/stubs")   # timm's torchvision stand-in
 CHECKS = ("infer", "train", "ours", "ours_train", "shape2", "bf16")
@@ -157,20 +159,6 @@ def make(name: str, second: bool = False):
 
 
 # ---------------------------------------------------------------- checks
-
-def tensors(obj, depth: int = 0) -> list:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if depth > 6 or obj is None or isinstance(obj, (int, float, str, bool)):
-        return []
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in tensors(v, depth + 1)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensors(v, depth + 1)]
-    if type(obj).__module__.startswith("transformers"):
-        return [t for _, v in sorted(vars(obj).items()) for t in tensors(v, depth + 1)]
-    return []
-
 
 def _judge(expected, actual) -> tuple:
     from minicompile.testing.compare import mismatch

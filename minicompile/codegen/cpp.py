@@ -559,7 +559,7 @@ class CppBackend:
     # row-sized array.
     caps = BackendCaps(row_scratch=True, pass_pointers=True, split_loops=True, horizontal=True,
                        plan=lambda *kernel_and_graph: CppKernel(*kernel_and_graph).plan,
-                       templates=frozenset({"flex_attention", "flex_attention_narrow"}))
+                       templates=frozenset({"flex_attention", "flex_attention_narrow", "checked_gather"}))
 
     def generate(self, graph: LoopGraph, plan: Schedule) -> GeneratedKernels:
         """The prelude's include, then one ``extern "C"`` function per kernel; a horizontal

@@ -81,8 +81,9 @@ def gather(lw, node, x: TensorValue, indices: list, wraps: bool) -> Lazy:
     adv = [d for d, t in enumerate(indices) if t is not None]
     nb = node.meta["val"].dim() - (len(x.size) - len(adv))   # the broadcast index tensors' dims
     shifts = [_shift(index_expression(indices[d], iteration_vars(indices[d].size)), x.size[d], wraps) for d in adv]
-    if None in shifts and (x.device.type != "cpu" or any(indices[d].dtype not in _INDEX_DTYPES or x.size[d] == 0
-                                                         for d, s in zip(adv, shifts) if s is None)):
+    unchecked = [d for d, s in zip(adv, shifts) if s is None]
+    if unchecked and ("checked_gather" not in lw.templates
+                      or any(indices[d].dtype not in _INDEX_DTYPES or x.size[d] == 0 for d in unchecked)):
         raise Unsupported("its indices are read from memory: eager checks each (a C++ kernel checks them too; "
                           "a Triton kernel does not)")
     first = adv[0] if adv == list(range(adv[0], adv[-1] + 1)) else 0   # eager keeps adjacent ones in place

@@ -21,5 +21,6 @@ class BackendCaps:
     plan: Callable | None = None
     horizontal: bool = False  # independent kernels can run as one call, one parallel region (scheduler/groups.py)
     # whole kernels the backend generates for one op (lowering/flex.py: "flex_attention"); the
-    # scheduler gives each a step of its own (TemplateKernel)
+    # scheduler gives each a step of its own (TemplateKernel). "checked_gather": its kernels read
+    # indices from memory and check them as eager does (lowering/gathers.py)
     templates: frozenset = frozenset()

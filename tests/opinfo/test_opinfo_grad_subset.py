@@ -45,7 +45,7 @@ def test_grad_matches_eager(name):
 
 
 def test_eager_fallback_is_listed_with_its_reason():
-    result = sweep_grad_op(_ops()["nn.functional.dropout"])
+    result = sweep_grad_op(_ops()["T"])   # its output is a view of its input: training runs it eagerly
     assert result.status == "eager-fallback" and "runs eagerly" in result.detail
 
 

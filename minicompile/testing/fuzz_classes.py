@@ -62,39 +62,16 @@ class ClassProgram(Program):
     def reproducer(self, message: str = "", template: str = "") -> str:
         inputs = ",\n        ".join(i.source().replace(f"seed={i.seed})", f"seed={i.seed} + 1009 * k)")
                                     for i in self.inputs)
-        return CLASS_TEMPLATE.format(message="\n".join(f"# {line}" for line in message.splitlines()),
-                                     make_input=fuzz.MAKE_INPUT_SOURCE, program=self.function_source(),
-                                     inputs=inputs, kind=self.kind, train=self.train, mode=self.mode)
+        call = f"check_function({self.kind!r}, program, inputs, train={self.train}, mode={self.mode!r})"
+        return fuzz.CLASS_REPRO_TEMPLATE.format(
+            what="bug-class", module="fuzz_classes", call=call, inputs=inputs, program=self.function_source(),
+            message="\n".join(f"# {line}" for line in message.splitlines()), make_input=fuzz.MAKE_INPUT_SOURCE)
 
     def inputs_at(self, k: int) -> list:
         return [fuzz.to_device(fuzz.make_input(i.shape, i.dtype, i.layout, seed=i.seed + 1009 * k), fuzz.DEVICE)
                 for i in self.inputs]
 
 
-CLASS_TEMPLATE = '''"""A minicompile bug-class fuzzer reproducer (testing/fuzz_classes.py): compiled != eager.
-
-{message}
-Run: python THIS_FILE
-"""
-import torch
-
-from minicompile.testing.fuzz_classes import check_function
-
-
-{make_input}
-
-{program}
-
-
-def inputs(k):
-    return [
-        {inputs},
-    ]
-
-
-if __name__ == "__main__":
-    print(check_function({kind!r}, program, inputs, train={train}, mode={mode!r}) or "matches eager")
-'''
 
 
 def _exec(source: str):

@@ -38,34 +38,12 @@ class GatherProgram(Program):
     def reproducer(self, message: str = "", template: str = "") -> str:
         inputs = ",\n        ".join(i.source().replace(f"seed={i.seed})", f"seed={i.seed} + 1009 * k)")
                                     for i in self.inputs)
-        return TEMPLATE.format(message="\n".join(f"# {line}" for line in message.splitlines()),
-                               make_input=fuzz.MAKE_INPUT_SOURCE, program=self.function_source(), inputs=inputs)
+        return fuzz.CLASS_REPRO_TEMPLATE.format(
+            what="gather-class", module="fuzz_gather", call="check_function(program, inputs, alone=True)",
+            message="\n".join(f"# {line}" for line in message.splitlines()), make_input=fuzz.MAKE_INPUT_SOURCE,
+            program=self.function_source(), inputs=inputs)
 
 
-TEMPLATE = '''"""A minicompile gather-class fuzzer reproducer (testing/fuzz_gather.py): compiled != eager.
-
-{message}
-Run: python THIS_FILE
-"""
-import torch
-
-from minicompile.testing.fuzz_gather import check_function
-
-
-{make_input}
-
-{program}
-
-
-def inputs(k):
-    return [
-        {inputs},
-    ]
-
-
-if __name__ == "__main__":
-    print(check_function(program, inputs, alone=True) or "matches eager")
-'''
 
 
 def gather_inputs(rng, seed: int, dtypes) -> list:

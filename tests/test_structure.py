@@ -35,7 +35,7 @@ TOP_LEVEL = "minicompile"   # the package's own modules (backend.py, pipeline.py
 # Lines each stage of the core may have: today's counts. Lower one when code goes; a raise is a
 # commit of its own whose message says what grew and why (git log holds the history).
 STAGE_BUDGETS = {"capture": 6081, "aot": 2961, "cpu": 2027, "decomp": 1423, "lowering": 2009, "ir": 1464,
-                 "scheduler": 923, "codegen": 2995, "runtime": 1421, TOP_LEVEL: 1192}
+                 "scheduler": 923, "codegen": 3005, "runtime": 1421, TOP_LEVEL: 1192}
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 80   # def line to last line
 

@@ -9,7 +9,9 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from minicompile.config import patch
 from minicompile.testing.compare import TOLERANCES
 from tests import helpers
 
@@ -310,3 +312,18 @@ def test_extern_index_put_with_a_none_index():
     x, i = torch.randn(4, 6, requires_grad=True), torch.tensor([1, 3, 1])
     torch.compile(lambda x: x[:, i].sin(), backend="minicompile")(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.ops.aten.index_put(torch.zeros(4, 6), [None, i], x.detach()[:, i].cos(), True))
+
+
+def test_an_extern_whose_binding_defaults_differ_from_its_schema_gets_the_schema_defaults():
+    """torch._C._nn.soft_margin_loss(a, b) reduces nothing; the op's schema default is the mean. The
+    wrapper calls the binding with the schema's defaults spelled out (training: the forward and backward
+    of a mean and an unreduced loss in one graph raised 'an extern returned size (5,), compiled for ()')."""
+    def f(a, b, c, d):
+        return F.soft_margin_loss(a, b, reduction="none"), F.soft_margin_loss(c, d), F.smooth_l1_loss(c, d)
+    args = [torch.randn(5, requires_grad=True), torch.randn(5), torch.randn(5, requires_grad=True), torch.randn(5)]
+    with patch(fallback_on_error=False):
+        got = torch.compile(f, backend="minicompile")(*args)
+    expected = f(*args)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and torch.allclose(g, e)
+    sum(o.sum() for o in got).backward()

@@ -149,7 +149,7 @@ class WrapperCode:
         multi-output result; the sizes it defines bound, its result in the compiled layout."""
         lines = []
         if isinstance(b, ExternKernel):
-            texts = [self.value(a) for a in b.args]
+            texts = [self.value(a) for a in b.args] + _defaults(b.op, len(b.args), b.kwargs)
             if b.op in ALIGNED_ROW_ARGS and len(texts) > ALIGNED_ROW_ARGS[b.op]:
                 at = ALIGNED_ROW_ARGS[b.op]
                 texts[at] = f"{self._ref(aligned_rows)}({texts[at]})"
@@ -295,6 +295,16 @@ class WrapperCode:
 # again on every call once glibc has returned them (measured in docs/models.md).
 OUT_VARIANTS = {torch.ops.aten.mm.default: torch.ops.aten.mm.out, torch.ops.aten.bmm.default: torch.ops.aten.bmm.out,
                 packed_mm._opoverload: packed_mm_into}
+
+
+def _defaults(op, given: int, kwargs: dict) -> list:
+    """The positional arguments after the ``given`` ones, spelled out from ``op``'s schema where a
+    generated binding (extern_args.fast_call) stands in: its defaults can differ from the schema's
+    (``torch._C._nn.soft_margin_loss`` reduces nothing unless told ``reduction=1``)."""
+    if fast_call(op) is op:
+        return []
+    rest = [a for a in op._schema.arguments[given:] if not a.kwarg_only and a.name not in kwargs]
+    return [repr(a.default_value) for a in rest[:next((k for k, a in enumerate(rest) if not a.has_default_value()), None)]]
 
 
 def writes_out(b) -> bool:

@@ -101,34 +101,6 @@ def _values(shape, dtype, g):
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
 '''
 
-# The class fuzzers' reproducers (fuzz_classes.py, fuzz_gather.py): the program, its inputs at call k,
-# and the module's own check, which {call} spells.
-CLASS_REPRO_TEMPLATE = '''"""A minicompile {what} fuzzer reproducer (testing/{module}.py): compiled != eager.
-
-{message}
-Run: python THIS_FILE
-"""
-import torch
-
-from minicompile.testing.{module} import check_function
-
-
-{make_input}
-
-{program}
-
-
-def inputs(k):
-    return [
-        {inputs},
-    ]
-
-
-if __name__ == "__main__":
-    print({call} or "matches eager")
-'''
-
-
 REPRO_TEMPLATE = '''"""A minicompile fuzzer reproducer: the compiled program disagrees with eager.
 
 {message}

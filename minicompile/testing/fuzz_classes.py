@@ -40,7 +40,7 @@ from minicompile.pipeline import compile_graph
 from minicompile.testing import fuzz, fuzz_convbn, fuzz_gather
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.testing.fuzz import Input, Program, Value
-from minicompile.testing.fuzz_train import batched_programs, check_inputs, training_inputs
+from minicompile.testing.fuzz_train import CLASS_REPRO_TEMPLATE, batched_programs, check_inputs, training_inputs
 from minicompile.testing.grad_sweep import compare_training, run_with_grads
 
 CALLS, ATTENTION_FORMS = 3, ["auto", "math", "flash"]   # the unbacked class: inputs of seeds seed, +1009, +2018
@@ -63,7 +63,7 @@ class ClassProgram(Program):
         inputs = ",\n        ".join(i.source().replace(f"seed={i.seed})", f"seed={i.seed} + 1009 * k)")
                                     for i in self.inputs)
         call = f"check_function({self.kind!r}, program, inputs, train={self.train}, mode={self.mode!r})"
-        return fuzz.CLASS_REPRO_TEMPLATE.format(
+        return CLASS_REPRO_TEMPLATE.format(
             what="bug-class", module="fuzz_classes", call=call, inputs=inputs, program=self.function_source(),
             message="\n".join(f"# {line}" for line in message.splitlines()), make_input=fuzz.MAKE_INPUT_SOURCE)
 

@@ -23,7 +23,7 @@ from minicompile.pipeline import compile_graph
 from minicompile.testing import fuzz
 from minicompile.testing.compare import copy_preserving_strides, mismatch
 from minicompile.testing.fuzz import Input, Program
-from minicompile.testing.fuzz_train import batched_programs
+from minicompile.testing.fuzz_train import CLASS_REPRO_TEMPLATE, batched_programs
 
 CALLS = 3   # inputs of seeds seed, seed + 1009, seed + 2018, as the unbacked class
 
@@ -38,7 +38,7 @@ class GatherProgram(Program):
     def reproducer(self, message: str = "", template: str = "") -> str:
         inputs = ",\n        ".join(i.source().replace(f"seed={i.seed})", f"seed={i.seed} + 1009 * k)")
                                     for i in self.inputs)
-        return fuzz.CLASS_REPRO_TEMPLATE.format(
+        return CLASS_REPRO_TEMPLATE.format(
             what="gather-class", module="fuzz_gather", call="check_function(program, inputs, alone=True)",
             message="\n".join(f"# {line}" for line in message.splitlines()), make_input=fuzz.MAKE_INPUT_SOURCE,
             program=self.function_source(), inputs=inputs)

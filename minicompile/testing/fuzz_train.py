@@ -27,6 +27,34 @@ from minicompile.testing import fuzz
 from minicompile.testing.compare import copy_preserving_strides
 from minicompile.testing.grad_sweep import compare_training, compile_for_training, graph_of, run_with_grads
 
+# The class fuzzers' reproducers (fuzz_classes.py, fuzz_gather.py): the program, its inputs at call k,
+# and the module's own check, which {call} spells.
+CLASS_REPRO_TEMPLATE = '''"""A minicompile {what} fuzzer reproducer (testing/{module}.py): compiled != eager.
+
+{message}
+Run: python THIS_FILE
+"""
+import torch
+
+from minicompile.testing.{module} import check_function
+
+
+{make_input}
+
+{program}
+
+
+def inputs(k):
+    return [
+        {inputs},
+    ]
+
+
+if __name__ == "__main__":
+    print({call} or "matches eager")
+'''
+
+
 TRAIN_REPRO_TEMPLATE = '''"""A minicompile training-fuzzer reproducer: compiled grads disagree with eager.
 
 {message}
